@@ -1,0 +1,725 @@
+"""From a torch op call to an IR node: the warm path of tracing.
+
+``_dispatch`` receives every ATen call that involves a lazy tensor (``__torch_dispatch__``)
+and every factory call aimed at the lazy device (the PrivateUse1 kernels registered here).
+It builds a *signature key* from the op, each tensor's interned meta, and each non-tensor
+argument (a Python scalar that is an op *value* enters only by kind, unless it is one of
+the special scalars 0, 1, -1: R1.5). The key finds an ``OpSig`` that holds the output
+metas, the lowering and the node hash prefix; on a miss the op runs once on meta tensors
+(PyTorch's own shape and dtype rules, and its shape errors) and the result is cached, so
+the warm path never pays meta shape inference again.
+
+Then, by the op's schema:
+- functional op: new storages for the outputs;
+- view op: outputs share the input's storage and extend its view chain;
+- in-place op: the functional value is written to the target's storage; written through a
+  view, it is scattered back into the storage (functionalization by index map);
+- no lowering: a PyTorch decomposition if there is one, else the CPU (R1.7, ``aten::<op>``).
+
+May touch: tensors' storages, the live arena (through new tensors), the RNG chain, metrics.
+Never compiles or executes, except through ``executor.read_values`` for value reads.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from torch._ops import OpOverload
+
+from . import lowering, metrics, rng
+from .hashing import encode
+from .ir import Node, OpSig, Slot, TensorMeta, data_leaf, fmt_where, user_frame
+from .tensor import DEVICE, LazyTensor, Storage, to_device, value_of
+
+aten = torch.ops.aten
+_now = metrics.now_ns
+_counter_inc = metrics.counter_inc
+TRACE_NS: list = []  # per-op tracing time, flushed into the LazyTracing metric at each sync
+
+NO_SPECIAL_SCALARS = os.environ.get("XLA_NO_SPECIAL_SCALARS", "0") not in ("", "0", "false", "False")
+
+
+class LazyXlaError(RuntimeError):
+    """A user error caught while recording an op; names the op and the user's line."""
+
+
+# ---------------------------------------------------------------------------------------
+# Per-op facts read once from the schema.
+class FuncInfo:
+    __slots__ = ("name", "counter", "value_pos", "value_kw", "kind", "functional", "written",
+                 "view", "random", "special")
+
+    def __init__(self, func: OpOverload):
+        s = func._schema
+        self.name = s.name + ("." + s.overload_name if s.overload_name else "")
+        self.counter = "xla::" + s.name.split("::", 1)[-1]
+        vp, vk = set(), set()
+        written = []
+        for i, a in enumerate(s.arguments):
+            ts = str(a.type)
+            if ts.startswith("Scalar") or ts.startswith("Tensor") or ts.startswith("number"):
+                (vk if a.kwarg_only else vp).add(i if not a.kwarg_only else a.name)
+            if a.alias_info is not None and a.alias_info.is_write:
+                written.append(a.name)
+        self.value_pos = frozenset(vp)
+        self.value_kw = frozenset(vk)
+        self.written = tuple(written)
+        self.view = (not written) and any(r.alias_info is not None for r in s.returns)
+        if not written:
+            self.kind = "view" if self.view else "functional"
+        elif written == [s.arguments[0].name] and not s.arguments[0].kwarg_only:
+            self.kind = "inplace"
+        elif all(s.arguments[[x.name for x in s.arguments].index(w)].kwarg_only for w in written):
+            self.kind = "out"
+        else:
+            self.kind = "mutating"
+        self.functional = lowering.functional_of(func) if self.kind in ("inplace", "out") else func
+        self.random = lowering.is_random(self.functional) if self.functional is not None else False
+        self.special = SPECIAL.get(func)
+
+
+_INFO: dict = {}
+
+
+def _info(func) -> FuncInfo:
+    i = _INFO.get(func)
+    if i is None:
+        i = _INFO[func] = FuncInfo(func)
+    return i
+
+
+# ---------------------------------------------------------------------------------------
+# Signature keys.
+_SIGS: dict = {}
+_SCALAR_TYPES = (int, float, bool)
+
+
+class _DynScalar:
+    """Marks a Python scalar that becomes a device-data operand (not hashed by value)."""
+
+    __slots__ = ("pytype", "dtype")
+
+    def __init__(self, pytype):
+        self.pytype = pytype
+        self.dtype = None
+
+
+def _is_special(v) -> bool:
+    return (not NO_SPECIAL_SCALARS) and (v == 0 or v == 1 or v == -1)
+
+
+def _key_of(func, info, args, kwargs, ops, where):
+    """Builds the signature key; appends operands (tensors / scalars) to ``ops``."""
+    key = [func]
+    vp = info.value_pos
+    for i, a in enumerate(args):
+        key.append(_key_item(a, i in vp, ops, info, where))
+    if kwargs:
+        vk = info.value_kw
+        for k, a in kwargs.items():
+            key.append(k)
+            key.append(_key_item(a, k in vk, ops, info, where))
+    return tuple(key)
+
+
+def _key_item(a, is_value, ops, info, where):
+    t = type(a)
+    if t is LazyTensor:
+        ops.append(a)
+        return a._meta
+    if t in _SCALAR_TYPES:
+        if is_value and not _is_special(a):
+            ops.append(a)
+            return ("S", t)
+        return (t, a)
+    if t is list or t is tuple:
+        return (t,) + tuple(_key_item(x, is_value, ops, info, where) for x in a)
+    if isinstance(a, torch.Tensor):
+        if isinstance(a, LazyTensor):
+            ops.append(a)
+            return a._meta
+        if a.dim() == 0 and a.device.type == "cpu":
+            up = to_device(a)
+            ops.append(up)
+            return up._meta
+        raise LazyXlaError(
+            f"{info.name}: expected all tensors on {DEVICE}, but one is on {a.device} "
+            f"(shape {list(a.shape)}, {a.dtype}) at {fmt_where(where)}. Move it with .to(lazyxla.device())."
+        )
+    if t is torch.device:
+        return ("dev", a.type)
+    return a
+
+
+# ---------------------------------------------------------------------------------------
+def _to_meta(a):
+    if isinstance(a, LazyTensor):
+        m = a._meta
+        return torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device="meta")
+    if isinstance(a, torch.Tensor):
+        return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
+    if isinstance(a, (list, tuple)):
+        return type(a)(_to_meta(x) for x in a)
+    if isinstance(a, torch.device):
+        return torch.device("meta")
+    return a
+
+
+def _template(a, counter, is_value, sig_scalars):
+    t = type(a)
+    if isinstance(a, torch.Tensor):
+        s = Slot(counter[0])
+        counter[0] += 1
+        return s
+    if t in _SCALAR_TYPES:
+        if is_value and not _is_special(a):
+            s = Slot(counter[0])
+            counter[0] += 1
+            sig_scalars.append((s.i, t))
+            return s
+        return a
+    if t is list or t is tuple:
+        return tuple(_template(x, counter, is_value, sig_scalars) for x in a)
+    if t is torch.device:
+        return "lazyxla"
+    return a
+
+
+def _flat_tensors(x, out):
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            _flat_tensors(y, out)
+    return out
+
+
+class _Entry:
+    """A cached signature: how to record a call with this key."""
+
+    __slots__ = ("sig", "mode", "scalar_dtypes", "const", "nops")
+
+    def __init__(self, sig, mode, scalar_dtypes=(), const=None, nops=0):
+        self.sig = sig
+        self.mode = mode  # "node" | "decomp" | "fallback" | "const"
+        self.scalar_dtypes = scalar_dtypes
+        self.const = const
+        self.nops = nops
+
+
+def _new_entry(func, info, args, kwargs, where) -> _Entry:
+    target = info.functional
+    low = lowering.get(target) if target is not None else None
+    margs = _to_meta(list(args))
+    mkw = {k: _to_meta(v) for k, v in (kwargs or {}).items()}
+    if info.kind == "out":
+        for w in info.written:
+            mkw.pop(w, None)
+    call = target if target is not None else func
+    try:
+        mout = call(*margs, **mkw)
+    except (NotImplementedError, torch._subclasses.fake_tensor.DynamicOutputShapeException) as e:
+        if low is None:
+            return _Entry(None, "fallback")
+        raise LazyXlaError(f"{info.name}: lazyxla cannot infer the output shape ({e}) at {fmt_where(where)}") from e
+    except Exception as e:
+        msg = str(e).split("\n")[0]
+        if "meta" in msg.lower() and ("not implemented" in msg.lower() or "dynamic" in msg.lower()
+                                      or "data-dependent" in msg.lower() or "nonzero" in msg.lower()):
+            return _Entry(None, "fallback")
+        shapes = ", ".join(_describe(a) for a in args if isinstance(a, torch.Tensor)
+                           or isinstance(a, (list, tuple)))
+        raise LazyXlaError(f"{info.name}({shapes}): {msg} at {fmt_where(where)}") from None
+    outs = _flat_tensors(mout, [])
+    if not outs:
+        return _Entry(None, "const", const=mout)
+    if low is None:
+        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+            return _Entry(None, "implicit")
+        if target is not None and target in lowering.DECOMPOSITIONS:
+            return _Entry(None, "decomp")
+        return _Entry(None, "fallback")
+    counter = [0]
+    scal = []
+    vp, vk = info.value_pos, info.value_kw
+    targs = tuple(_template(a, counter, i in vp, scal) for i, a in enumerate(args))
+    tkw = {k: _template(v, counter, k in vk, scal) for k, v in (kwargs or {}).items()
+           if not (info.kind == "out" and k in info.written)}
+    if info.random:
+        tkw["__seed__"] = Slot(counter[0])
+        counter[0] += 1
+    template = (targs, tuple(sorted(tkw.items())))
+    out_metas = [TensorMeta(o.shape, o.dtype, o.stride()) for o in outs]
+    if info.kind == "inplace":
+        out_metas = [args[0]._meta]
+    tensors = _flat_tensors(list(args), [])
+    cdtype = _promoted([a for a in args], tensors)
+    sdt = {}
+    for slot_i, pytype in scal:
+        sdt[slot_i] = _scalar_dtype(pytype, tensors)
+    op = _info(target).name
+    sig = OpSig(op, target, low, template, out_metas, cdtype=cdtype)
+    return _Entry(sig, "node", sdt, nops=counter[0])
+
+
+def _promoted(args, tensors):
+    try:
+        vals = [a for a in args if isinstance(a, torch.Tensor) or type(a) in _SCALAR_TYPES]
+        if not vals:
+            return None
+        dt = None
+        for v in vals:
+            if isinstance(v, torch.Tensor):
+                m = torch.empty((0,) if v.dim() else (), dtype=v.dtype, device="meta")
+            else:
+                m = v
+            if dt is None:
+                dt = m
+            else:
+                dt = torch.empty((0,), dtype=torch.result_type(dt, m), device="meta") \
+                    if (isinstance(dt, torch.Tensor) and dt.dim()) or (isinstance(m, torch.Tensor) and m.dim()) \
+                    else torch.empty((), dtype=torch.result_type(dt, m), device="meta")
+        return dt.dtype if isinstance(dt, torch.Tensor) else None
+    except Exception:
+        return None
+
+
+def _scalar_dtype(pytype, tensors):
+    if pytype is bool:
+        return torch.bool
+    fl = [t.dtype for t in tensors if t.dtype.is_floating_point]
+    if pytype is float:
+        if fl:
+            d = fl[0]
+            return torch.float32 if d in (torch.float16, torch.bfloat16) else d
+        return torch.get_default_dtype()
+    if fl:
+        d = fl[0]
+        return torch.float32 if d in (torch.float16, torch.bfloat16) else d
+    ints = [t.dtype for t in tensors if not t.dtype.is_floating_point and t.dtype != torch.bool]
+    return ints[0] if ints else torch.int64
+
+
+def _describe(a):
+    if isinstance(a, LazyTensor):
+        return repr(a._meta)
+    if isinstance(a, torch.Tensor):
+        return f"{a.dtype}{list(a.shape)}@{a.device}"
+    if isinstance(a, (list, tuple)):
+        return "[" + ", ".join(_describe(x) for x in a) + "]"
+    return repr(a)
+
+
+# ---------------------------------------------------------------------------------------
+# Scalars that become device data (R1.5), cached by value and dtype.
+_SCALAR_CACHE: dict = {}
+
+
+def _scalar_value(v, dtype):
+    k = (type(v), v, dtype)
+    leaf = _SCALAR_CACHE.get(k)
+    if leaf is None:
+        from .runtime import scalar_array
+        _counter_inc("DeviceDataCacheMiss")
+        if len(_SCALAR_CACHE) > 4096:
+            _SCALAR_CACHE.clear()
+        leaf = _SCALAR_CACHE[k] = (data_leaf(scalar_array(v, dtype), TensorMeta((), dtype)), 0)
+    return leaf
+
+
+# ---------------------------------------------------------------------------------------
+def _dispatch(func, args, kwargs):
+    t0 = _now()
+    info = _INFO.get(func)
+    if info is None:
+        info = _info(func)
+    if info.special is not None:
+        return info.special(func, args, kwargs or {})
+    ops = []
+    key = _key_of(func, info, args, kwargs, ops, None)
+    entry = _SIGS.get(key)
+    if entry is None:
+        where = user_frame(3)
+        entry = _SIGS[key] = _new_entry(func, info, args, kwargs, where)
+    mode = entry.mode
+    if mode != "node":
+        if mode == "const":
+            return entry.const
+        if mode == "decomp":
+            return _decompose(func, info, args, kwargs)
+        if mode == "implicit":
+            return func.decompose(*args, **(kwargs or {}))
+        return _fallback(func, info, args, kwargs)
+    _counter_inc(info.counter)
+    sig = entry.sig
+    # operand values
+    vals = []
+    sdt = entry.scalar_dtypes
+    for i, o in enumerate(ops):
+        if type(o) is LazyTensor:
+            st = o._st
+            vals.append(st.ir if o._chain is None else value_of(o))
+        else:
+            vals.append(_scalar_value(o, sdt[i]))
+    if info.random:
+        vals.append(rng.next_seed())
+    node = Node(sig, tuple(vals), user_frame(3))
+    kind = info.kind
+    if kind == "functional":
+        out = _wrap_outputs(node, sig)
+    elif kind == "inplace":
+        out = args[0]
+        write(out, (node, 0))
+    elif kind == "view":
+        out = _wrap_views(node, sig, args[0])
+    elif kind == "out":
+        out = _write_out(node, sig, info, kwargs)
+    else:
+        raise LazyXlaError(f"{info.name}: mutating op without a lowering at {fmt_where(node.where)}")
+    TRACE_NS.append(_now() - t0)
+    return out
+
+
+def _wrap_outputs(node, sig):
+    if sig.single:
+        m = sig.outs[0]
+        return LazyTensor(Storage((node, 0), m), m)
+    res = tuple(LazyTensor(Storage((node, i), m), m) for i, m in enumerate(sig.outs))
+    f = sig.func
+    if f is not None and len(f._schema.returns) == 1:  # Tensor[] return
+        return list(res)
+    return res
+
+
+def _wrap_views(node, sig, src):
+    st = src._st
+    base_chain = src._chain or ()
+    res = []
+    for i, m in enumerate(sig.outs):
+        t = LazyTensor(st, m, base_chain + ((sig, i),))
+        t._ir = (node, i)
+        t._sv = st.version
+        res.append(t)
+    if sig.single and len(sig.func._schema.returns) == 1 and not str(sig.func._schema.returns[0].type).startswith("List"):
+        return res[0]
+    return res if str(sig.func._schema.returns[0].type).startswith("List") else tuple(res)
+
+
+def _write_out(node, sig, info, kwargs):
+    outs = [kwargs[w] for w in info.written]
+    for i, o in enumerate(outs):
+        if not isinstance(o, LazyTensor):
+            raise LazyXlaError(f"{info.name}: out= must be a lazyxla tensor")
+        if o._meta.shape != sig.outs[i].shape:
+            raise LazyXlaError(f"{info.name}: out= tensor of shape {list(o._meta.shape)} cannot take a result "
+                               f"of shape {list(sig.outs[i].shape)} (lazyxla does not resize out=)")
+        write(o, _convert((node, i), sig.outs[i], o._meta))
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+# ---------------------------------------------------------------------------------------
+# Writes: in-place updates, through views by index-map scatter.
+_SCATTER_SIGS: dict = {}
+_CONVERT_SIGS: dict = {}
+
+
+def _convert(value, src_meta, dst_meta):
+    if src_meta is dst_meta or (src_meta.dtype == dst_meta.dtype and src_meta.shape == dst_meta.shape):
+        return value
+    k = (src_meta, dst_meta)
+    sig = _CONVERT_SIGS.get(k)
+    if sig is None:
+        sig = _CONVERT_SIGS[k] = OpSig("lazyxla::convert", None, lowering.lower_convert,
+                                       ((Slot(0),), ()), (dst_meta,))
+    return (Node(sig, (value,)), 0)
+
+
+def write(t: LazyTensor, value):
+    """Make ``value`` (an IR value of t's meta) the new value of ``t`` and its aliases."""
+    st = t._st
+    chain = t._chain
+    if not chain:
+        st.set_ir(value)
+        return
+    # values along the chain, from the storage down to t
+    vals = [st.ir]
+    for vsig, i in chain[:-1]:
+        vals.append((Node(vsig, (vals[-1],)), i))
+    new = value
+    for k in range(len(chain) - 1, -1, -1):
+        vsig, i = chain[k]
+        base_val = vals[k]
+        base_meta = base_val[0].sig.outs[base_val[1]]
+        ks = (vsig, i)
+        ssig = _SCATTER_SIGS.get(ks)
+        if ssig is None:
+            ssig = _SCATTER_SIGS[ks] = OpSig("lazyxla::view_scatter", vsig, lowering.lower_view_scatter,
+                                             ((Slot(0), Slot(1)), (("view", vsig.hb), ("index", i))),
+                                             (base_meta,))
+        new = (Node(ssig, (base_val, new), None), 0)
+    st.set_ir(new)
+    t._ir = value
+    t._sv = st.version
+
+
+def replay_chain(base_value, chain):
+    v = base_value
+    for vsig, i in chain:
+        v = (Node(vsig, (v,)), i)
+    return v
+
+
+# ---------------------------------------------------------------------------------------
+def _decompose(func, info, args, kwargs):
+    fn = lowering.DECOMPOSITIONS[info.functional]
+    if info.kind == "functional":
+        return fn(*args, **(kwargs or {}))
+    kw = dict(kwargs or {})
+    if info.kind == "out":
+        outs = [kw.pop(w) for w in info.written]
+        r = fn(*args, **kw)
+        rs = r if isinstance(r, (tuple, list)) else (r,)
+        for o, v in zip(outs, rs):
+            o.copy_(v)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+    r = fn(*args, **kw)
+    args[0].copy_(r)
+    return args[0]
+
+
+def _fallback(func, info, args, kwargs):
+    """R1.7: run the op on the CPU with its inputs read, upload the results."""
+    from .executor import read_values
+    _counter_inc("aten::" + info.name.split("::", 1)[-1].split(".")[0])
+    lazies = _flat_tensors([args, list((kwargs or {}).values())], [])
+    lazies = [t for t in lazies if isinstance(t, LazyTensor)]
+    hosts = read_values(lazies) if lazies else []
+    table = {id(t): h for t, h in zip(lazies, hosts)}
+
+    def to_host(a):
+        if isinstance(a, LazyTensor):
+            return table[id(a)]
+        if isinstance(a, (list, tuple)):
+            return type(a)(to_host(x) for x in a)
+        if isinstance(a, torch.device) and a.type == DEVICE.type:
+            return torch.device("cpu")
+        return a
+
+    hargs = to_host(list(args))
+    hkw = {k: to_host(v) for k, v in (kwargs or {}).items()}
+    r = func(*hargs, **hkw)
+    if info.kind == "inplace" or info.kind == "mutating" or info.kind == "out":
+        for a in _flat_tensors([args, list((kwargs or {}).values())], []):
+            if isinstance(a, LazyTensor) and _is_written(info, a, args, kwargs):
+                h = table[id(a)]
+                up = to_device(h)
+                write(a, _convert(up._st.ir, up._meta, a._meta))
+        if info.kind == "inplace":
+            return args[0]
+
+    def back(x):
+        if isinstance(x, torch.Tensor):
+            for a in lazies:
+                if table[id(a)] is x:
+                    return a
+            return to_device(x)
+        if isinstance(x, (list, tuple)):
+            return type(x)(back(y) for y in x)
+        return x
+
+    return back(r)
+
+
+def _is_written(info, a, args, kwargs):
+    s = _schema_args(info)
+    for i, x in enumerate(args):
+        if x is a and i < len(s) and s[i] in info.written:
+            return True
+    for k, x in (kwargs or {}).items():
+        if k in info.written and (x is a or (isinstance(x, (list, tuple)) and any(y is a for y in x))):
+            return True
+    for i, x in enumerate(args):
+        if isinstance(x, (list, tuple)) and any(y is a for y in x) and i < len(s) and s[i] in info.written:
+            return True
+    return False
+
+
+_SCHEMA_ARGS: dict = {}
+
+
+def _schema_args(info):
+    r = _SCHEMA_ARGS.get(info.name)
+    if r is None:
+        ns, _, rest = info.name.partition("::")
+        name, _, ov = rest.partition(".")
+        f = getattr(getattr(getattr(torch.ops, ns), name), ov or "default")
+        r = _SCHEMA_ARGS[info.name] = [a.name for a in f._schema.arguments]
+    return r
+
+
+# ---------------------------------------------------------------------------------------
+# Ops with their own handling (transfers, reads, aliases).
+def _identity_alias(func, args, kwargs):
+    src = args[0]
+    t = LazyTensor(src._st, src._meta, src._chain)
+    if src._chain:
+        t._ir = src._ir
+        t._sv = src._sv
+    return t
+
+
+def _local_scalar_dense(func, args, kwargs):
+    from .executor import read_values
+    _counter_inc("aten::_local_scalar_dense")
+    return read_values([args[0]])[0].item()
+
+
+def _to_copy(func, args, kwargs):
+    src = args[0]
+    dev = kwargs.get("device")
+    if dev is not None and torch.device(dev).type != DEVICE.type:
+        from .executor import read_values
+        host = read_values([src])[0]
+        kw = {k: v for k, v in kwargs.items() if k in ("dtype",)}
+        if kw.get("dtype") is not None and kw["dtype"] != host.dtype:
+            host = host.to(kw["dtype"])
+        if kwargs.get("pin_memory"):
+            host = host.pin_memory()
+        return host.to(dev) if torch.device(dev).type != "cpu" else host
+    kw = {k: v for k, v in kwargs.items() if k == "dtype"}
+    return _dispatch_plain(aten._to_copy.default, (src,), kw)
+
+
+def _dispatch_plain(func, args, kwargs):
+    return _dispatch(func, args, kwargs)
+
+
+def _copy_(func, args, kwargs):
+    dst, src = args[0], args[1]
+    if not isinstance(dst, LazyTensor):
+        from .executor import read_values
+        host = read_values([src])[0]
+        dst.copy_(host)
+        return dst
+    if not isinstance(src, LazyTensor):
+        src = to_device(src)
+    if src._meta.shape == dst._meta.shape and src._meta.dtype == dst._meta.dtype:
+        write(dst, value_of(src))
+    else:
+        _dispatch(aten.copy_.default, (dst, src), {})
+    return dst
+
+
+def _lift(func, args, kwargs):
+    return args[0]
+
+
+def _foreach(func, args, kwargs):
+    """``_foreach_<op>[_]``: the same op on each element, recorded one by one."""
+    name = func._schema.name.split("::")[1][len("_foreach_"):]
+    inplace = name.endswith("_")
+    base = name[:-1] if inplace else name
+    ov = func._schema.overload_name
+    single = None
+    for cand in ((base + "_") if inplace else base,):
+        packet = getattr(aten, cand, None)
+        if packet is not None:
+            single = packet
+    if single is None:
+        raise LazyXlaError(f"{func}: no per-tensor op for this foreach op")
+    lists = [a for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
+    n = len(args[0])
+    res = []
+    for i in range(n):
+        ai = []
+        for a in args:
+            if isinstance(a, (list, tuple)) and len(a) == n and (lists and any(a is l for l in lists)
+                                                                  or (ov.startswith("ScalarList") and a is args[-1])):
+                ai.append(a[i])
+            else:
+                ai.append(a)
+        kw = dict(kwargs)
+        if ov.startswith("ScalarList") and isinstance(args[-1], (list, tuple)):
+            ai[-1] = args[-1][i]
+        res.append(single(*ai, **kw))
+    return None if inplace else res
+
+
+SPECIAL = {
+    aten.detach.default: _identity_alias,
+    aten.alias.default: _identity_alias,
+    aten._local_scalar_dense.default: _local_scalar_dense,
+    aten._to_copy.default: None,  # set below (needs _dispatch for the dtype-only case)
+    aten.copy_.default: _copy_,
+    aten.lift_fresh.default: _lift,
+}
+
+
+def _to_copy_entry(func, args, kwargs):
+    dev = kwargs.get("device")
+    if dev is not None and torch.device(dev).type != DEVICE.type:
+        return _to_copy(func, args, kwargs)
+    kw = {k: v for k, v in kwargs.items() if k in ("dtype",) and v is not None}
+    info = _info(func)
+    ops = []
+    key = _key_of(func, info, args, kw, ops, None)
+    entry = _SIGS.get(key)
+    if entry is None:
+        entry = _SIGS[key] = _new_entry(func, info, args, kw, user_frame(3))
+    node = Node(entry.sig, (value_of(args[0]),), user_frame(3))
+    return _wrap_outputs(node, entry.sig)
+
+
+SPECIAL[aten._to_copy.default] = _to_copy_entry
+for _name in dir(aten):
+    if _name.startswith("_foreach_"):
+        _p = getattr(aten, _name)
+        for _ov in _p.overloads():
+            SPECIAL[getattr(_p, _ov)] = _foreach
+
+
+# ---------------------------------------------------------------------------------------
+# Factories aimed at the lazy device reach PrivateUse1 kernels (no lazy tensor argument yet).
+def _factory(func, args, kwargs):
+    kwargs = dict(kwargs)
+    kwargs.pop("pin_memory", None)
+    return _dispatch(func, args, kwargs)
+
+
+def _upload_to_copy(src, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+                    memory_format=None):
+    host = src if dtype is None or dtype == src.dtype else src.to(dtype)
+    return to_device(host)
+
+
+def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    return _dispatch(aten.empty.memory_format, (list(size),), {"dtype": dtype, "device": DEVICE})
+
+
+_lib = torch.library.Library("aten", "IMPL")
+_lib.impl("_to_copy", _upload_to_copy, "PrivateUse1")
+_lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+
+FACTORIES = ["arange", "arange.start", "arange.start_step", "full", "zeros", "ones", "scalar_tensor",
+             "linspace", "eye", "eye.m", "randperm", "rand", "randn", "randint", "randint.low",
+             "empty.memory_format", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like"]
+
+
+def _make_factory(op):
+    def kernel(*args, **kwargs):
+        return _factory(op, args, kwargs)
+    return kernel
+
+
+for _f in FACTORIES:
+    _n, _, _o = _f.partition(".")
+    _op = getattr(getattr(aten, _n), _o or "default")
+    _lib.impl(_f, _make_factory(_op), "PrivateUse1")
+
+
+def _pu1_fallback(keyset, op, *args, **kwargs):
+    return _factory(op, args, kwargs)
+
+
+_fallback_lib = torch.library.Library("_", "IMPL")
+_fallback_lib.fallback(_pu1_fallback, dispatch_key="PrivateUse1", with_keyset=True)

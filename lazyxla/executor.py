@@ -1,0 +1,285 @@
+"""Sync and value read: collect -> post-order -> graph hash -> cache -> compile -> execute.
+
+``sync()`` (R4) takes every live tensor's storage with pending IR, in arena order, runs one
+program with ``force_ltc_data=true`` and replaces each storage's IR with its new device
+buffer; then advances the seed and counts ``MarkStep``. ``read_values()`` (R5) runs only the
+tensors read, with ``force_ltc_data=false``, and replaces nothing. Both look the program up
+by its graph hash in the LRU cache and compile on a miss.
+
+Execution is asynchronous: JAX returns the output buffers at once; a completion thread
+waits on them to record ``ExecuteTime`` and catch failures, which surface at the next
+``wait_device_ops()`` or value read, naming the graph's hash.
+
+May touch: storages of live tensors, the compilation cache, the RNG state, metrics.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import jax
+
+from . import graph_hash, metrics, rng
+from .cache import CachedProgram, computation_cache
+from .ir import post_order, user_frames
+from .lowering import build_program
+from .tensor import LazyTensor, live_tensors, value_of
+
+_now = metrics.now_ns
+LAST_TRACE = None  # graph_hash.FoldTrace of the most recent cache lookup
+
+
+class ExecutionError(RuntimeError):
+    """An XLA program failed; raised at the next wait or value read."""
+
+
+# ---------------------------------------------------------------------------------------
+# Asynchronous execution (R4.4): one worker runs programs in order, so tracing the next step
+# overlaps the device running this one. Outputs are placeholders until the program is done.
+_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazyxla-exec")
+_inflight: list = []  # futures not yet waited on by wait_device_ops
+
+
+class Placeholder:
+    """An output buffer of a scheduled program; ``get()`` waits for it."""
+
+    __slots__ = ("future", "index", "_array")
+
+    def __init__(self, future, index):
+        self.future = future
+        self.index = index
+        self._array = None
+
+    def get(self):
+        a = self._array
+        if a is None:
+            a = self._array = self.future.result()[self.index]
+        return a
+
+
+def resolve(d):
+    return d.get() if type(d) is Placeholder else d
+
+
+def _run(executable, key, datas):
+    try:
+        args = [resolve(d) for d in datas]
+    except ExecutionError as e:
+        raise ExecutionError(f"lazyxla: graph {key.hex()} not run: an input comes from a failed graph ({e})") from None
+    t0 = _now()
+    try:
+        outs = executable(*args)
+        jax.block_until_ready(outs)
+    except Exception as e:  # noqa: BLE001 - surfaced at the next wait or read
+        raise ExecutionError(f"lazyxla: execution of graph {key.hex()} failed: {type(e).__name__}: {e}") from None
+    metrics.metric_add("ExecuteTime", _now() - t0, "time")
+    return outs
+
+
+def wait_device_ops():
+    """Wait for every scheduled execution; raise the first failure since the last wait."""
+    futures = _inflight[:]
+    del _inflight[:len(futures)]
+    first = None
+    for f in futures:
+        e = f.exception()
+        if e is not None and first is None:
+            first = e
+    if first is not None:
+        raise first
+
+
+# ---------------------------------------------------------------------------------------
+class Graph:
+    """What a lookup needs: roots, post-order, parameters and the parameter sequence."""
+
+    __slots__ = ("roots", "post", "params", "sequence")
+
+    def __init__(self, roots):
+        self.roots = roots
+        post = post_order(roots)
+        self.post = post
+        params, seq, index = [], [], {}
+        for n in post:
+            d = n.data
+            if d is not None:
+                k = id(d)
+                i = index.get(k)
+                if i is None:
+                    i = index[k] = len(params)
+                    params.append(n)
+                seq.append(i)
+        self.params = params
+        self.sequence = seq
+
+
+def _lookup(graph: Graph, trace, name="SyncTensorsGraph") -> CachedProgram:
+    global LAST_TRACE
+    LAST_TRACE = trace
+    cache = computation_cache()
+    key = trace.key
+    prog = cache.get(key)
+    if prog is not None:
+        metrics.counter_inc("CachedCompile")
+        metrics.metric_add("TensorsGraphSize", len(graph.post))
+        prog.hits += 1
+        return prog
+    metrics.counter_inc("UncachedCompile")
+    prog = _compile(graph, trace, name)
+    cache.add(key, prog)
+    return prog
+
+
+def _compile(graph: Graph, trace, name) -> CachedProgram:
+    fn = build_program(graph.post, graph.roots, graph.params)
+    fn.__name__ = name
+    specs = _specs(graph)
+    t0 = _now()
+    try:
+        lowered = jax.jit(fn).lower(*specs)
+        compiled = lowered.compile()
+    except Exception as e:
+        raise ExecutionError(_describe_failure("compile", trace, graph, e)) from e
+    dt = _now() - t0
+    metrics.metric_add("CompileTime", dt, "time")
+    metrics.counter_inc("CreateCompileHandles")
+    n_ops = sum(1 for n in graph.post if n.data is None)
+    metrics.metric_add("TensorsGraphSize", n_ops)
+    metrics.metric_add("InputOutputAliasCount", 0)
+    return CachedProgram(compiled, trace.key, trace, len(graph.params), len(graph.roots), n_ops, dt)
+
+
+def _specs(graph):
+    from .runtime import jnp_dtype
+    return [jax.ShapeDtypeStruct(p.sig.outs[0].shape, jnp_dtype(p.sig.outs[0].dtype)) for p in graph.params]
+
+
+def _describe_failure(what, trace, graph, e):
+    ops = sorted({n.sig.op for n in graph.post if n.data is None})
+    wheres = [n.where for n in graph.post if n.where]
+    loc = ""
+    if wheres:
+        from .ir import fmt_where
+        loc = f"; the graph was recorded from {fmt_where(wheres[0])} to {fmt_where(wheres[-1])}"
+    return (f"lazyxla: could not {what} graph {trace.hex} ({len(graph.post)} nodes, ops: "
+            f"{', '.join(ops[:20])}){loc}: {type(e).__name__}: {e}")
+
+
+def _execute(prog: CachedProgram, graph: Graph):
+    """Schedule the program; returns one Placeholder per root, at once."""
+    fut = _worker.submit(_run, prog.executable, prog.key, [p.data for p in graph.params])
+    _inflight.append(fut)
+    if len(_inflight) > 64:
+        done = [f for f in _inflight if f.done() and f.exception() is None]
+        for f in done:
+            _inflight.remove(f)
+    metrics.counter_inc("ExecuteComputation")
+    return [Placeholder(fut, i) for i in range(prog.n_outputs)]
+
+
+def _flush_tracing():
+    from .dispatch import TRACE_NS
+    if TRACE_NS:
+        samples = TRACE_NS[:]
+        del TRACE_NS[:len(samples)]
+        for s in samples[-metrics.MAX_SAMPLES:]:
+            metrics.metric_add("LazyTracing", s, "time")
+
+
+# ---------------------------------------------------------------------------------------
+def sync(wait: bool = False):
+    """R4: compile (or find) and run one program for all pending IR; replace it with data."""
+    _flush_tracing()
+    storages, roots, seen = [], [], set()
+    for t in live_tensors():
+        st = t._st
+        sid = id(st)
+        if sid in seen:
+            continue
+        seen.add(sid)
+        if st.data is None:
+            storages.append(st)
+            roots.append((t._uid, st.ir))
+    if roots:
+        graph = Graph([r for _, r in roots])
+        trace = graph_hash.compute(True, [(v[0].vh[v[1]], (uid, v)) for uid, v in roots],
+                                   graph.sequence, ())
+        prog = _lookup(graph, trace)
+        _debug_hook("sync", prog, graph)
+        outs = _execute(prog, graph)
+        for st, arr in zip(storages, outs):
+            st.set_data(arr)
+    rng.mark_step()
+    metrics.counter_inc("MarkStep")
+    if wait:
+        wait_device_ops()
+
+
+def read_values(tensors) -> list:
+    """R5: the tensors' values on the host; pending IR is computed but kept."""
+    _flush_tracing()
+    values = [value_of(t) if isinstance(t, LazyTensor) else None for t in tensors]
+    metas = [t._meta for t in tensors]
+    pending_idx = [i for i, v in enumerate(values) if v[0].data is None]
+    arrays = [v[0].data if v[0].data is not None else None for v in values]
+    if pending_idx:
+        roots, seen_ids, uniq = [], set(), []
+        for i in pending_idx:
+            uid = tensors[i]._uid
+            if uid in seen_ids:
+                continue
+            seen_ids.add(uid)
+            uniq.append(i)
+            roots.append((uid, values[i]))
+        graph = Graph([r for _, r in roots])
+        trace = graph_hash.compute(False, [(v[0].vh[v[1]], (uid, v)) for uid, v in roots],
+                                   graph.sequence, ())
+        prog = _lookup(graph, trace)
+        _debug_hook("read", prog, graph)
+        outs = _execute(prog, graph)
+        by_uid = {tensors[i]._uid: o for i, o in zip(uniq, outs)}
+        for i in pending_idx:
+            arrays[i] = by_uid[tensors[i]._uid]
+    arrays = [resolve(a) for a in arrays]
+    from .runtime import download
+    return download(arrays, [m.dtype for m in metas])
+
+
+def graph_key(tensors, force_ltc_data=True):
+    """The trace of the key a sync of these tensors' pending IR would look up (no compile)."""
+    roots, seen = [], set()
+    for t in tensors:
+        v = value_of(t)
+        if v[0].data is None and t._uid not in seen:
+            seen.add(t._uid)
+            roots.append((t._uid, v))
+    graph = Graph([r for _, r in roots])
+    return graph_hash.compute(force_ltc_data, [(v[0].vh[v[1]], (uid, v)) for uid, v in roots],
+                              graph.sequence, ())
+
+
+def dump_hlo(tensors) -> str:
+    """R10: the program text for the tensors' pending IR; no hash, cache, compile or run."""
+    roots = [value_of(t) for t in tensors]
+    roots = [v for v in roots if v[0].data is None] or roots
+    graph = Graph(roots)
+    fn = build_program(graph.post, graph.roots, graph.params)
+    fn.__name__ = "IrToHlo"
+    specs = _specs(graph)
+    lowered = jax.jit(fn).lower(*specs)
+    try:
+        return lowered.compiler_ir("hlo").as_hlo_text()
+    except Exception:  # noqa: BLE001 - older/newer JAX: fall back to StableHLO text
+        return lowered.as_text()
+
+
+# ---------------------------------------------------------------------------------------
+_DEBUG_HOOKS: list = []
+
+
+def _debug_hook(kind, prog, graph):
+    for h in _DEBUG_HOOKS:
+        h(kind, prog, graph)
+
+
+def python_frames(limit=8):
+    return user_frames(limit)

@@ -1,0 +1,239 @@
+"""The pending IR: nodes, their signatures, values and hashes.
+
+An IR *value* is a pair ``(node, output_index)``. A ``Node`` is one recorded op: an
+``OpSig`` (the op, its non-tensor parameters, its output shapes and dtypes and its
+lowering; shared by every call with the same signature), its operand values, its
+128-bit hash and, for diagnostics only, the user's line that recorded it.
+
+R1.3: a node's hash folds the signature's hash (op, parameters, output shapes and
+dtypes) with its operands' value hashes, in order, once, at construction.
+R1.4: a device-data leaf hashes only its shape and dtype; which buffer it binds is
+the graph hash's parameter sequence (R3 step 4).
+
+Touches nothing outside the objects it creates.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import torch
+
+from .hashing import encode, fold
+
+DEVICE_DATA = "xla::device_data"
+
+
+class TensorMeta:
+    """Interned (shape, dtype, stride) of one tensor value; compared by identity."""
+
+    __slots__ = ("shape", "dtype", "stride", "numel", "hash")
+    _interned: dict = {}
+
+    def __new__(cls, shape, dtype, stride=None):
+        shape = tuple(shape)
+        if stride is None:
+            stride = contiguous_stride(shape)
+        key = (shape, dtype, tuple(stride))
+        m = cls._interned.get(key)
+        if m is None:
+            m = object.__new__(cls)
+            m.shape, m.dtype, m.stride = key
+            n = 1
+            for s in shape:
+                n *= s
+            m.numel = n
+            m.hash = fold(b"meta", encode(shape), encode(dtype))
+            cls._interned[key] = m
+        return m
+
+    @staticmethod
+    def of(t: torch.Tensor) -> "TensorMeta":
+        return TensorMeta(t.shape, t.dtype, t.stride())
+
+    def __repr__(self):
+        return f"{_short_dtype(self.dtype)}{list(self.shape)}"
+
+    def __lazyxla_encode__(self):
+        return b"M" + encode(self.shape) + encode(self.dtype)
+
+
+def contiguous_stride(shape):
+    stride, acc = [], 1
+    for s in reversed(shape):
+        stride.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(stride))
+
+
+_DT_SHORT = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
+             torch.int64: "s64", torch.int32: "s32", torch.int16: "s16", torch.int8: "s8",
+             torch.uint8: "u8", torch.bool: "pred", torch.complex64: "c64"}
+
+
+def _short_dtype(dt):
+    return _DT_SHORT.get(dt, str(dt).replace("torch.", ""))
+
+
+class OpSig:
+    """Everything about a call that does not change from one call to the next.
+
+    ``template`` rebuilds the call's (args, kwargs) for lowering: a nested structure in
+    which ``Slot(i)`` stands for operand ``i``. ``hb`` is the signature's hash.
+    """
+
+    __slots__ = ("op", "func", "lower", "template", "outs", "hb", "single", "params_text", "cdtype",
+                 "__weakref__")
+
+    def __init__(self, op, func, lower, template, outs, params_text="", cdtype=None):
+        self.op = op
+        self.func = func
+        self.lower = lower
+        self.template = template
+        self.outs = tuple(outs)
+        self.single = len(self.outs) == 1
+        self.params_text = params_text
+        self.cdtype = cdtype
+        self.hb = fold(b"op", encode(op), encode(template), encode(self.outs))
+
+
+class Slot:
+    """Operand placeholder inside an OpSig template."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i):
+        self.i = i
+
+    def __repr__(self):
+        return f"%{self.i}"
+
+    def __lazyxla_encode__(self):
+        return b"%" + str(self.i).encode() + b";"
+
+
+class Node:
+    __slots__ = ("sig", "operands", "hash", "vh", "where", "data", "__weakref__")
+
+    def __init__(self, sig: OpSig, operands: tuple, where=None, data=None):
+        self.sig = sig
+        self.operands = operands
+        self.where = where
+        self.data = data
+        if operands:
+            h = fold(sig.hb, *[n.vh[i] for n, i in operands])
+        else:
+            h = sig.hb
+        self.hash = h
+        if sig.single:
+            self.vh = (h,)
+        else:
+            self.vh = tuple(fold(h, i.to_bytes(2, "little")) for i in range(len(sig.outs)))
+
+    @property
+    def op(self):
+        return self.sig.op
+
+    @property
+    def is_data(self):
+        return self.data is not None
+
+    def __repr__(self):
+        return f"<{self.sig.op} {self.sig.outs} #{self.hash.hex()[:8]}>"
+
+
+_DATA_SIGS: dict = {}
+
+
+def data_sig(meta: TensorMeta) -> OpSig:
+    s = _DATA_SIGS.get(meta)
+    if s is None:
+        s = OpSig(DEVICE_DATA, None, None, (), (meta,))
+        _DATA_SIGS[meta] = s
+    return s
+
+
+def data_leaf(array, meta: TensorMeta) -> Node:
+    """A device-data leaf bound to ``array`` (a jax.Array); hashes shape and dtype only."""
+    return Node(data_sig(meta), (), None, array)
+
+
+# ---------------------------------------------------------------------------------------
+# The user's line. Frames inside torch, lazyxla, jax and the standard library are skipped.
+_INTERNAL_DIRS = tuple(
+    os.path.dirname(m.__file__) + os.sep
+    for m in (torch, sys.modules[__name__.rsplit(".", 1)[0]], threading, os)
+)
+_internal_code: dict = {}
+
+
+def _is_internal(code) -> bool:
+    r = _internal_code.get(code)
+    if r is None:
+        fn = code.co_filename
+        r = fn.startswith(_INTERNAL_DIRS) or fn.startswith("<frozen") or "/site-packages/jax" in fn \
+            or "/site-packages/jaxlib" in fn
+        _internal_code[code] = r
+    return r
+
+
+_getframe = sys._getframe
+
+
+def user_frame(depth: int = 2):
+    """(filename, lineno, function) of the innermost frame outside library code, or None."""
+    try:
+        f = _getframe(depth)
+    except ValueError:
+        return None
+    while f is not None and _is_internal(f.f_code):
+        f = f.f_back
+    if f is None:
+        return None
+    return (f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+
+
+def user_frames(limit: int = 8):
+    """The user's Python frames, innermost first, as (filename, lineno, function)."""
+    out = []
+    f = _getframe(1)
+    while f is not None and len(out) < limit:
+        if not _is_internal(f.f_code):
+            out.append((f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
+        f = f.f_back
+    return out
+
+
+def fmt_where(w) -> str:
+    if not w:
+        return "<unknown>"
+    return f"{os.path.basename(w[0])}:{w[1]}"
+
+
+def post_order(roots):
+    """Nodes reachable from ``roots`` (IR values), operands before users, each once.
+
+    Operands are visited in reverse order (the last operand first), as torch's lazy core's
+    iterative traversal does; the parameter sequence inherits that order.
+    """
+    seen = set()
+    order = []
+    for root, _ in roots:
+        if id(root) in seen:
+            continue
+        stack = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            nid = id(node)
+            if expanded:
+                order.append(node)
+                continue
+            if nid in seen:
+                continue
+            seen.add(nid)
+            stack.append((node, True))
+            for opnd, _ in node.operands:
+                if id(opnd) not in seen:
+                    stack.append((opnd, False))
+    return order

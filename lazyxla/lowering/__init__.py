@@ -1,0 +1,200 @@
+"""Lowerings: ATen ops as JAX functions, and the program built from a post-order.
+
+A lowering is ``fn(sig, *args, **kwargs)``: ``args``/``kwargs`` are the op call as PyTorch
+made it, with every tensor (and every scalar that became device data) replaced by a JAX
+value; ``sig`` is the node's ``OpSig`` (``sig.outs``: output metas from PyTorch's own
+shape rules; ``sig.cdtype``: PyTorch's promoted dtype of the inputs). It returns one JAX
+array or a tuple, one per output; results are cast to the output dtypes afterwards.
+Random ops receive the step's seed (int64) as ``__seed__``.
+
+``build_program`` turns a post-order into one Python function of the parameters, which
+``executor`` hands to ``jax.jit`` to lower and compile.
+
+Families live in submodules (``elementwise``, ``reduce``, ``shape``, ``nn``, ``random``,
+``factory``); each registers itself on import. May touch: nothing but its registries.
+"""
+from __future__ import annotations
+
+import torch
+from torch._ops import OpOverload, OpOverloadPacket
+
+aten = torch.ops.aten
+
+LOWERINGS: dict = {}
+RANDOM: set = set()
+DECOMPOSITIONS: dict = {}
+
+
+def _resolve(op):
+    if isinstance(op, OpOverload):
+        return [op]
+    if isinstance(op, OpOverloadPacket):
+        return [getattr(op, o) for o in op.overloads()]
+    if isinstance(op, str):
+        name, _, ov = op.partition(".")
+        packet = getattr(aten, name)
+        if ov == "*":
+            return [getattr(packet, o) for o in packet.overloads()]
+        return [getattr(packet, ov or "default")]
+    raise TypeError(op)
+
+
+def register(*ops, random=False):
+    """Decorator: ``@register("add.Tensor", aten.sub.Tensor, ...)``."""
+    def deco(fn):
+        for op in ops:
+            for o in _resolve(op):
+                LOWERINGS[o] = fn
+                if random:
+                    RANDOM.add(o)
+        return fn
+    return deco
+
+
+def get(func):
+    return LOWERINGS.get(func)
+
+
+def is_random(func) -> bool:
+    return func in RANDOM
+
+
+_FUNCTIONAL: dict = {}
+
+
+def _writes(f):
+    return [a.name for a in f._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+
+
+def functional_of(func: OpOverload):
+    """The functional overload behind an in-place (``add_``) or out= (``add.out``) op, or None."""
+    if func in _FUNCTIONAL:
+        return _FUNCTIONAL[func]
+    s = func._schema
+    name = s.name.split("::", 1)[1]
+    written = set(_writes(func))
+    r = None
+    if name.endswith("_") and not name.endswith("__"):
+        packet = getattr(aten, name[:-1], None)
+        f = getattr(packet, s.overload_name or "default", None) if packet is not None else None
+        if f is not None and not _writes(f):
+            r = f
+    else:
+        packet = getattr(aten, name, None)
+        want = [a.name for a in s.arguments if a.name not in written]
+        for ov in packet.overloads() if packet is not None else ():
+            f = getattr(packet, ov)
+            if not _writes(f) and [a.name for a in f._schema.arguments] == want:
+                r = f
+                break
+    _FUNCTIONAL[func] = r
+    return r
+
+
+def _load_decompositions():
+    from torch._decomp import decomposition_table
+    for op, fn in decomposition_table.items():
+        if isinstance(op, OpOverload) and op.namespace == "aten":
+            DECOMPOSITIONS[op] = fn
+
+
+# ---------------------------------------------------------------------------------------
+# The program: post-order -> one JAX function of the parameters.
+def _instantiate(x, vals):
+    from ..ir import Slot
+    t = type(x)
+    if t is Slot:
+        return vals[x.i]
+    if t is tuple:
+        return tuple(_instantiate(y, vals) for y in x)
+    return x
+
+
+def lower_node(node, vals):
+    """Evaluate one node on JAX values (inside a trace)."""
+    import jax.numpy as jnp
+    from ..runtime import jnp_dtype
+    sig = node.sig
+    targs, tkw = sig.template
+    args = _instantiate(targs, vals)
+    kwargs = {k: _instantiate(v, vals) for k, v in tkw}
+    out = sig.lower(sig, *args, **kwargs)
+    if not isinstance(out, (tuple, list)):
+        out = (out,)
+    res = []
+    for o, m in zip(out, sig.outs):
+        o = jnp.asarray(o)
+        want = jnp_dtype(m.dtype)
+        if o.dtype != want:
+            o = o.astype(want)
+        if tuple(o.shape) != m.shape:
+            o = jnp.broadcast_to(o, m.shape) if o.size == 1 or _broadcastable(o.shape, m.shape) else o.reshape(m.shape)
+        res.append(o)
+    return tuple(res)
+
+
+def _broadcastable(src, dst):
+    if len(src) > len(dst):
+        return False
+    for a, b in zip(reversed(src), reversed(dst)):
+        if a != b and a != 1:
+            return False
+    return True
+
+
+def build_program(post, roots, params):
+    """A function ``f(*param_arrays) -> tuple(root arrays)`` evaluating the graph."""
+    param_index = {}
+    for i, leaf in enumerate(params):
+        param_index[id(leaf)] = i
+    ops = [n for n in post if n.data is None]
+
+    def program(*arrays):
+        env = {}
+        for n in post:
+            if n.data is not None:
+                env[id(n)] = (arrays[param_index[id(n)]],)
+        for n in ops:
+            vals = [env[id(o)][i] for o, i in n.operands]
+            env[id(n)] = lower_node(n, vals)
+        return tuple(env[id(r)][i] for r, i in roots)
+
+    return program
+
+
+# ---------------------------------------------------------------------------------------
+# Internal nodes recorded by dispatch itself.
+def lower_convert(sig, x):
+    return x  # the generic output cast does the conversion; shape broadcasts
+
+
+def lower_view_scatter(sig, base, src, view=None, index=0):
+    """Write ``src`` into ``base`` through the view ``sig.func``: the view applied to an
+    index map of ``base`` says which element each element of ``src`` came from."""
+    import jax.numpy as jnp
+    vsig = sig.func
+    n = 1
+    for s in base.shape:
+        n *= s
+    idx = jnp.arange(n, dtype=jnp.int64).reshape(base.shape)
+    targs, tkw = vsig.template
+    args = _instantiate(targs, [idx])
+    kwargs = {k: _instantiate(v, [idx]) for k, v in tkw}
+    mapped = vsig.lower(vsig, *args, **kwargs)
+    if isinstance(mapped, (tuple, list)):
+        mapped = mapped[index]
+    mapped = jnp.asarray(mapped)
+    if tuple(mapped.shape) == tuple(base.shape) and _is_identity_view(vsig):
+        return jnp.reshape(src, base.shape).astype(base.dtype)
+    flat = base.reshape(-1)
+    flat = flat.at[mapped.reshape(-1)].set(jnp.broadcast_to(src, mapped.shape).reshape(-1).astype(base.dtype))
+    return flat.reshape(base.shape)
+
+
+def _is_identity_view(vsig):
+    return vsig.op in ("aten::view", "aten::_unsafe_view", "aten::alias", "aten::reshape")
+
+
+from . import elementwise, reduce, shape, factory, random, nn  # noqa: E402,F401
+
+_load_decompositions()

@@ -1,0 +1,298 @@
+"""Elementwise ATen ops (unary, binary, ternary, comparisons) as JAX functions.
+
+Inputs are cast to PyTorch's promoted dtype (``sig.cdtype``) before computing, so integer
+and mixed-dtype arithmetic follows PyTorch's type promotion. Touches only the registry.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from ..runtime import jnp_dtype
+from . import register
+
+
+def _cd(sig, default=None):
+    dt = sig.cdtype if sig.cdtype is not None else default
+    return jnp_dtype(dt) if dt is not None else None
+
+
+def _c(x, dt):
+    if dt is None:
+        return x
+    if isinstance(x, (int, float, bool)):
+        return jnp.asarray(x, dtype=dt)
+    return x.astype(dt) if x.dtype != dt else x
+
+
+def _float_dt(sig):
+    dt = sig.cdtype
+    if dt is None or not (dt.is_floating_point or dt.is_complex):
+        dt = sig.outs[0].dtype if sig.outs[0].dtype.is_floating_point else torch.get_default_dtype()
+    return jnp_dtype(dt)
+
+
+def _unary_float(f):
+    def lower(sig, x, *rest, **kw):
+        return f(_c(x, _float_dt(sig)))
+    return lower
+
+
+for _name, _f in {
+    "exp": jnp.exp, "log": jnp.log, "log1p": jnp.log1p, "expm1": jnp.expm1, "sqrt": jnp.sqrt,
+    "rsqrt": jax.lax.rsqrt, "sin": jnp.sin, "cos": jnp.cos, "tan": jnp.tan, "tanh": jnp.tanh,
+    "sigmoid": jax.nn.sigmoid, "erf": jax.scipy.special.erf, "erfinv": jax.scipy.special.erfinv,
+    "log2": jnp.log2, "log10": jnp.log10, "exp2": jnp.exp2, "asin": jnp.arcsin, "acos": jnp.arccos,
+    "atan": jnp.arctan, "sinh": jnp.sinh, "cosh": jnp.cosh, "asinh": jnp.arcsinh, "acosh": jnp.arccosh,
+    "atanh": jnp.arctanh, "reciprocal": lambda x: 1 / x, "lgamma": jax.scipy.special.gammaln,
+    "digamma": jax.scipy.special.digamma, "erfc": jax.scipy.special.erfc,
+}.items():
+    register(f"{_name}.default")(_unary_float(_f))
+
+
+def _unary_same(f):
+    def lower(sig, x):
+        return f(_c(x, _cd(sig)))
+    return lower
+
+
+for _name, _f in {
+    "neg": jnp.negative, "abs": jnp.abs, "sign": jnp.sign, "floor": jnp.floor, "ceil": jnp.ceil,
+    "trunc": jnp.trunc, "frac": lambda x: x - jnp.trunc(x), "relu": lambda x: jnp.maximum(x, jnp.zeros((), x.dtype)),
+    "bitwise_not": lambda x: jnp.logical_not(x) if x.dtype == jnp.bool_ else jnp.bitwise_not(x),
+    "logical_not": jnp.logical_not, "isnan": jnp.isnan, "isinf": jnp.isinf, "isfinite": jnp.isfinite,
+    "sgn": jnp.sign, "square": jnp.square,
+}.items():
+    register(f"{_name}.default")(_unary_same(_f))
+
+
+@register("round.default")
+def _round(sig, x):
+    return jnp.round(x)
+
+
+@register("round.decimals")
+def _round_dec(sig, x, decimals=0):
+    return jnp.round(x, decimals)
+
+
+# -- binary arithmetic ---------------------------------------------------------------------
+def _alpha(b, alpha):
+    if alpha is None or (isinstance(alpha, (int, float)) and alpha == 1):
+        return b
+    return b * (alpha.astype(b.dtype) if hasattr(alpha, "astype") else alpha)
+
+
+@register("add.Tensor", "add.Scalar")
+def _add(sig, a, b, alpha=None):
+    dt = _cd(sig)
+    return _c(a, dt) + _alpha(_c(b, dt), alpha)
+
+
+@register("sub.Tensor", "sub.Scalar")
+def _sub(sig, a, b, alpha=None):
+    dt = _cd(sig)
+    return _c(a, dt) - _alpha(_c(b, dt), alpha)
+
+
+@register("rsub.Tensor", "rsub.Scalar")
+def _rsub(sig, a, b, alpha=None):
+    dt = _cd(sig)
+    return _c(b, dt) - _alpha(_c(a, dt), alpha)
+
+
+@register("mul.Tensor", "mul.Scalar")
+def _mul(sig, a, b):
+    dt = _cd(sig)
+    if dt == jnp.bool_:
+        return jnp.logical_and(_c(a, dt), _c(b, dt))
+    return _c(a, dt) * _c(b, dt)
+
+
+@register("div.Tensor", "div.Scalar")
+def _div(sig, a, b):
+    dt = _float_dt(sig)
+    return _c(a, dt) / _c(b, dt)
+
+
+def _rounded_div(a, b, mode, dt):
+    if mode is None:
+        fdt = dt if jnp.issubdtype(dt, jnp.floating) else jnp.float32
+        return _c(a, fdt) / _c(b, fdt)
+    a, b = _c(a, dt), _c(b, dt)
+    if jnp.issubdtype(dt, jnp.integer):
+        if mode == "trunc":
+            q = jax.lax.div(a, b)  # C semantics: truncation
+            return q
+        return jnp.floor_divide(a, b)
+    q = a / b
+    return jnp.trunc(q) if mode == "trunc" else jnp.floor(q)
+
+
+@register("div.Tensor_mode", "div.Scalar_mode")
+def _div_mode(sig, a, b, rounding_mode=None):
+    return _rounded_div(a, b, rounding_mode, _cd(sig))
+
+
+@register("floor_divide.default", "floor_divide.Scalar")
+def _floordiv(sig, a, b):
+    return _rounded_div(a, b, "floor", _cd(sig))
+
+
+@register("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor")
+def _remainder(sig, a, b):
+    dt = _cd(sig)
+    a, b = _c(a, dt), _c(b, dt)
+    return a - jnp.floor_divide(a, b) * b if jnp.issubdtype(dt, jnp.integer) else jnp.remainder(a, b)
+
+
+@register("fmod.Tensor", "fmod.Scalar")
+def _fmod(sig, a, b):
+    dt = _cd(sig)
+    return jnp.fmod(_c(a, dt), _c(b, dt))
+
+
+@register("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar")
+def _pow(sig, a, b):
+    dt = _cd(sig)
+    a, b = _c(a, dt), _c(b, dt)
+    if jnp.issubdtype(dt, jnp.integer):
+        return jax.lax.integer_pow(a, int(b)) if isinstance(b, int) else jnp.power(a, b)
+    return jnp.power(a, b)
+
+
+@register("maximum.default")
+def _maximum(sig, a, b):
+    dt = _cd(sig)
+    return jnp.maximum(_c(a, dt), _c(b, dt))
+
+
+@register("minimum.default")
+def _minimum(sig, a, b):
+    dt = _cd(sig)
+    return jnp.minimum(_c(a, dt), _c(b, dt))
+
+
+@register("atan2.default")
+def _atan2(sig, a, b):
+    dt = _float_dt(sig)
+    return jnp.arctan2(_c(a, dt), _c(b, dt))
+
+
+for _name, _f in {"bitwise_and": jnp.bitwise_and, "bitwise_or": jnp.bitwise_or,
+                  "bitwise_xor": jnp.bitwise_xor, "logical_and": jnp.logical_and,
+                  "logical_or": jnp.logical_or, "logical_xor": jnp.logical_xor}.items():
+    def _mk(f):
+        def lower(sig, a, b):
+            dt = _cd(sig)
+            return f(_c(a, dt), _c(b, dt))
+        return lower
+    register(f"{_name}.Tensor" if _name.startswith("bitwise") else f"{_name}.default")(_mk(_f))
+    if _name.startswith("bitwise"):
+        register(f"{_name}.Scalar")(_mk(_f))
+
+
+# -- comparisons ---------------------------------------------------------------------------
+for _name, _f in {"eq": jnp.equal, "ne": jnp.not_equal, "lt": jnp.less, "le": jnp.less_equal,
+                  "gt": jnp.greater, "ge": jnp.greater_equal}.items():
+    def _mk(f):
+        def lower(sig, a, b):
+            dt = _cd(sig)
+            return f(_c(a, dt), _c(b, dt))
+        return lower
+    register(f"{_name}.Tensor", f"{_name}.Scalar")(_mk(_f))
+
+
+# -- ternary and friends -------------------------------------------------------------------
+@register("where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar")
+def _where(sig, cond, a, b):
+    dt = jnp_dtype(sig.outs[0].dtype)
+    return jnp.where(cond, _c(a, dt), _c(b, dt))
+
+
+@register("clamp.default", "clamp.Tensor")
+def _clamp(sig, x, min=None, max=None):
+    dt = jnp_dtype(sig.outs[0].dtype)
+    x = _c(x, dt)
+    if min is not None:
+        x = jnp.maximum(x, _c(min, dt))
+    if max is not None:
+        x = jnp.minimum(x, _c(max, dt))
+    return x
+
+
+@register("clamp_min.default", "clamp_min.Tensor")
+def _clamp_min(sig, x, m):
+    dt = jnp_dtype(sig.outs[0].dtype)
+    return jnp.maximum(_c(x, dt), _c(m, dt))
+
+
+@register("clamp_max.default", "clamp_max.Tensor")
+def _clamp_max(sig, x, m):
+    dt = jnp_dtype(sig.outs[0].dtype)
+    return jnp.minimum(_c(x, dt), _c(m, dt))
+
+
+@register("addcmul.default")
+def _addcmul(sig, x, t1, t2, value=1):
+    dt = _cd(sig)
+    return _c(x, dt) + _c(value, dt) * _c(t1, dt) * _c(t2, dt)
+
+
+@register("addcdiv.default")
+def _addcdiv(sig, x, t1, t2, value=1):
+    dt = _cd(sig)
+    return _c(x, dt) + _c(value, dt) * (_c(t1, dt) / _c(t2, dt))
+
+
+@register("lerp.Scalar", "lerp.Tensor")
+def _lerp(sig, a, b, w):
+    dt = _cd(sig)
+    a, b, w = _c(a, dt), _c(b, dt), _c(w, dt)
+    # PyTorch's formula: weight < 0.5 ? a + w*(b-a) : b - (b-a)*(1-w)
+    d = b - a
+    return jnp.where(jnp.abs(w) < 0.5, a + w * d, b - d * (1 - w))
+
+
+@register("masked_fill.Scalar", "masked_fill.Tensor")
+def _masked_fill(sig, x, mask, value):
+    dt = jnp_dtype(sig.outs[0].dtype)
+    return jnp.where(mask, _c(value, dt), _c(x, dt))
+
+
+@register("fill.Scalar", "fill.Tensor")
+def _fill(sig, x, value):
+    return jnp.full(sig.outs[0].shape, _c(value, jnp_dtype(sig.outs[0].dtype)))
+
+
+@register("zero.default")
+def _zero(sig, x):
+    return jnp.zeros(sig.outs[0].shape, jnp_dtype(sig.outs[0].dtype))
+
+
+@register("clone.default", "contiguous.default", "_to_copy.default", "copy.default",
+          "lift_fresh_copy.default", "positive.default")
+def _identity(sig, x, *rest, **kw):
+    if sig.op == "aten::copy" and rest:
+        return rest[0]  # copy(self, src): src broadcast and cast to self's meta
+    return x
+
+
+@register("nan_to_num.default")
+def _nan_to_num(sig, x, nan=None, posinf=None, neginf=None):
+    return jnp.nan_to_num(x, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
+
+
+@register("logit.default")
+def _logit(sig, x, eps=None):
+    x = _c(x, _float_dt(sig))
+    if eps is not None:
+        x = jnp.clip(x, eps, 1 - eps)
+    return jnp.log(x / (1 - x))
+
+
+@register("xlogy.Tensor")
+def _xlogy(sig, x, y):
+    dt = _float_dt(sig)
+    return jax.scipy.special.xlogy(_c(x, dt), _c(y, dt))

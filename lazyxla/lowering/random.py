@@ -1,0 +1,122 @@
+"""Random ops, drawn from the step's seed graph (R8), as JAX functions.
+
+Every random op receives ``__seed__``: an int64 value of the seed chain that ``rng`` builds
+in IR (``seed' = 2531011 + 214013 * seed``), so the program depends on how many random ops
+there are, never on the seed's value. The bits come from JAX's PRNG keyed by that value.
+Touches only the registry.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..runtime import jnp_dtype
+from . import register
+
+
+def _key(seed):
+    return jax.random.key(seed.astype(jnp.uint64) if hasattr(seed, "astype") else seed, impl="threefry2x32")
+
+
+def _meta(sig, i=0):
+    m = sig.outs[i]
+    return m.shape, jnp_dtype(m.dtype)
+
+
+def _fdt(dt):
+    return dt if jnp.issubdtype(dt, jnp.floating) else jnp.float32
+
+
+@register("normal_.default", random=True)
+def _normal_(sig, x, mean=0.0, std=1.0, generator=None, __seed__=None):
+    shape, dt = _meta(sig)
+    z = jax.random.normal(_key(__seed__), shape, jnp.float32 if dt in (jnp.float16, jnp.bfloat16) else _fdt(dt))
+    return z * std + mean
+
+
+@register("uniform_.default", random=True)
+def _uniform_(sig, x, from_=0.0, to=1.0, generator=None, __seed__=None, **k):
+    shape, dt = _meta(sig)
+    lo = k.get("from", from_)
+    u = jax.random.uniform(_key(__seed__), shape, jnp.float32 if dt in (jnp.float16, jnp.bfloat16) else _fdt(dt))
+    return lo + u * (to - lo)
+
+
+@register("rand.default", "rand_like.default", random=True)
+def _rand(sig, *a, __seed__=None, **k):
+    shape, dt = _meta(sig)
+    return jax.random.uniform(_key(__seed__), shape, _fdt(dt))
+
+
+@register("randn.default", "randn_like.default", random=True)
+def _randn(sig, *a, __seed__=None, **k):
+    shape, dt = _meta(sig)
+    return jax.random.normal(_key(__seed__), shape, _fdt(dt))
+
+
+@register("randint.default", "randint.low", random=True)
+def _randint(sig, *a, __seed__=None, **k):
+    shape, dt = _meta(sig)
+    ints = [x for x in a if isinstance(x, int)]
+    low, high = (0, ints[0]) if len(ints) == 1 else (ints[0], ints[1])
+    return jax.random.randint(_key(__seed__), shape, low, high, dtype=jnp.int64)
+
+
+@register("random_.from", "random_.to", random=True)
+def _random_(sig, x, *a, __seed__=None, **k):
+    shape, dt = _meta(sig)
+    ints = [v for v in a if isinstance(v, int)]
+    if len(ints) >= 2:
+        low, high = ints[0], ints[1]
+    else:
+        low, high = 0, ints[0]
+    return jax.random.randint(_key(__seed__), shape, low, high, dtype=jnp.int64)
+
+
+@register("randperm.default", random=True)
+def _randperm(sig, n, *a, __seed__=None, **k):
+    return jax.random.permutation(_key(__seed__), n)
+
+
+@register("bernoulli_.float", "bernoulli.p", random=True)
+def _bernoulli_p(sig, x, p=0.5, generator=None, __seed__=None):
+    shape, dt = _meta(sig)
+    return jax.random.bernoulli(_key(__seed__), p, shape)
+
+
+@register("bernoulli.default", "bernoulli_.Tensor", random=True)
+def _bernoulli(sig, x, *a, generator=None, __seed__=None, **k):
+    shape, dt = _meta(sig)
+    p = a[0] if a and hasattr(a[0], "shape") else x
+    return jax.random.uniform(_key(__seed__), shape, jnp.float32) < p.astype(jnp.float32)
+
+
+@register("exponential_.default", random=True)
+def _exponential_(sig, x, lambd=1.0, generator=None, __seed__=None):
+    shape, dt = _meta(sig)
+    return jax.random.exponential(_key(__seed__), shape, _fdt(dt)) / lambd
+
+
+@register("native_dropout.default", random=True)
+def _native_dropout(sig, x, p, train, __seed__=None):
+    if not train or p == 0:
+        return x, jnp.ones(x.shape, jnp.bool_)
+    keep = jax.random.bernoulli(_key(__seed__), 1.0 - p, x.shape)
+    scale = 1.0 / (1.0 - p) if p < 1 else 0.0
+    return jnp.where(keep, x * jnp.asarray(scale, x.dtype), jnp.zeros((), x.dtype)), keep
+
+
+@register("native_dropout_backward.default")
+def _native_dropout_backward(sig, grad, mask, scale):
+    return grad * mask.astype(grad.dtype) * jnp.asarray(scale, grad.dtype)
+
+
+@register("multinomial.default", random=True)
+def _multinomial(sig, probs, num_samples, replacement=False, generator=None, __seed__=None):
+    logits = jnp.log(probs.astype(jnp.float32))
+    key = _key(__seed__)
+    if replacement:
+        return jax.random.categorical(key, logits, axis=-1, shape=(num_samples,) + probs.shape[:-1]).T \
+            if probs.ndim == 2 else jax.random.categorical(key, logits, shape=(num_samples,))
+    g = jax.random.gumbel(key, probs.shape, jnp.float32)
+    return jax.lax.top_k(logits + g, num_samples)[1]

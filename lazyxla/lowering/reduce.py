@@ -1,0 +1,263 @@
+"""Reductions, scans and matrix products as JAX functions.
+
+Reductions accumulate in float32 for half types and in int64 for integer sums, as
+PyTorch does; matrix products use HIGHEST precision so float32 matches CPU eager.
+Touches only the registry.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from ..runtime import jnp_dtype
+from . import register
+
+HI = jax.lax.Precision.HIGHEST
+
+
+def _dims(x, dim):
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return None
+    if isinstance(dim, int):
+        dim = (dim,)
+    return tuple(d % max(x.ndim, 1) for d in dim)
+
+
+def _out_dt(sig, i=0):
+    return jnp_dtype(sig.outs[i].dtype)
+
+
+def _acc(x, out_dt):
+    if x.dtype in (jnp.float16, jnp.bfloat16):
+        return x.astype(jnp.float32)
+    if out_dt is not None and x.dtype != out_dt:
+        return x.astype(out_dt)
+    return x
+
+
+@register("sum.default", "sum.dim_IntList")
+def _sum(sig, x, dim=None, keepdim=False, dtype=None):
+    od = _out_dt(sig)
+    return jnp.sum(_acc(x, od), axis=_dims(x, dim), keepdims=keepdim)
+
+
+@register("mean.default", "mean.dim")
+def _mean(sig, x, dim=None, keepdim=False, dtype=None):
+    od = _out_dt(sig)
+    return jnp.mean(_acc(x, od), axis=_dims(x, dim), keepdims=keepdim)
+
+
+@register("prod.default", "prod.dim_int")
+def _prod(sig, x, dim=None, keepdim=False, dtype=None):
+    od = _out_dt(sig)
+    return jnp.prod(_acc(x, od), axis=_dims(x, dim), keepdims=keepdim)
+
+
+@register("amax.default")
+def _amax(sig, x, dim=(), keepdim=False):
+    return jnp.max(x, axis=_dims(x, dim), keepdims=keepdim)
+
+
+@register("amin.default")
+def _amin(sig, x, dim=(), keepdim=False):
+    return jnp.min(x, axis=_dims(x, dim), keepdims=keepdim)
+
+
+@register("max.default")
+def _max_all(sig, x):
+    return jnp.max(x)
+
+
+@register("min.default")
+def _min_all(sig, x):
+    return jnp.min(x)
+
+
+@register("max.dim")
+def _max_dim(sig, x, dim, keepdim=False):
+    d = dim % max(x.ndim, 1)
+    return jnp.max(x, axis=d, keepdims=keepdim), jnp.argmax(x, axis=d, keepdims=keepdim)
+
+
+@register("min.dim")
+def _min_dim(sig, x, dim, keepdim=False):
+    d = dim % max(x.ndim, 1)
+    return jnp.min(x, axis=d, keepdims=keepdim), jnp.argmin(x, axis=d, keepdims=keepdim)
+
+
+@register("argmax.default")
+def _argmax(sig, x, dim=None, keepdim=False):
+    if dim is None:
+        r = jnp.argmax(x.reshape(-1))
+        return r.reshape((1,) * x.ndim) if keepdim else r
+    return jnp.argmax(x, axis=dim % max(x.ndim, 1), keepdims=keepdim)
+
+
+@register("argmin.default")
+def _argmin(sig, x, dim=None, keepdim=False):
+    if dim is None:
+        r = jnp.argmin(x.reshape(-1))
+        return r.reshape((1,) * x.ndim) if keepdim else r
+    return jnp.argmin(x, axis=dim % max(x.ndim, 1), keepdims=keepdim)
+
+
+@register("any.default", "any.dim", "any.dims")
+def _any(sig, x, dim=None, keepdim=False):
+    return jnp.any(x, axis=_dims(x, dim), keepdims=keepdim)
+
+
+@register("all.default", "all.dim", "all.dims")
+def _all(sig, x, dim=None, keepdim=False):
+    return jnp.all(x, axis=_dims(x, dim), keepdims=keepdim)
+
+
+def _correction(correction, unbiased=None):
+    if correction is None:
+        return 1
+    return correction
+
+
+@register("var.correction")
+def _var(sig, x, dim=None, correction=None, keepdim=False):
+    xa = _acc(x, None)
+    return jnp.var(xa, axis=_dims(x, dim), ddof=_correction(correction), keepdims=keepdim)
+
+
+@register("std.correction")
+def _std(sig, x, dim=None, correction=None, keepdim=False):
+    xa = _acc(x, None)
+    return jnp.std(xa, axis=_dims(x, dim), ddof=_correction(correction), keepdims=keepdim)
+
+
+@register("var_mean.correction")
+def _var_mean(sig, x, dim=None, correction=None, keepdim=False):
+    xa = _acc(x, None)
+    ax = _dims(x, dim)
+    return jnp.var(xa, axis=ax, ddof=_correction(correction), keepdims=keepdim), jnp.mean(xa, axis=ax, keepdims=keepdim)
+
+
+@register("linalg_vector_norm.default")
+def _vnorm(sig, x, ord=2, dim=None, keepdim=False, dtype=None):
+    xa = jnp.abs(_acc(x, None))
+    ax = _dims(x, dim)
+    ordv = float(ord)
+    if ordv == float("inf"):
+        return jnp.max(xa, axis=ax, keepdims=keepdim)
+    if ordv == float("-inf"):
+        return jnp.min(xa, axis=ax, keepdims=keepdim)
+    if ordv == 0:
+        return jnp.sum((xa != 0).astype(xa.dtype), axis=ax, keepdims=keepdim)
+    if ordv == 1:
+        return jnp.sum(xa, axis=ax, keepdims=keepdim)
+    if ordv == 2:
+        return jnp.sqrt(jnp.sum(xa * xa, axis=ax, keepdims=keepdim))
+    return jnp.sum(xa ** ordv, axis=ax, keepdims=keepdim) ** (1.0 / ordv)
+
+
+@register("logsumexp.default")
+def _logsumexp(sig, x, dim, keepdim=False):
+    return jax.scipy.special.logsumexp(_acc(x, None), axis=_dims(x, dim), keepdims=keepdim)
+
+
+@register("cumsum.default")
+def _cumsum(sig, x, dim, dtype=None):
+    return jnp.cumsum(_acc(x, _out_dt(sig)), axis=dim % max(x.ndim, 1))
+
+
+@register("cumprod.default")
+def _cumprod(sig, x, dim, dtype=None):
+    return jnp.cumprod(_acc(x, _out_dt(sig)), axis=dim % max(x.ndim, 1))
+
+
+@register("sort.default", "sort.stable")
+def _sort(sig, x, *a, dim=-1, descending=False, stable=None):
+    if a:  # sort.default(self, dim, descending)
+        dim = a[0]
+        descending = a[1] if len(a) > 1 else descending
+    d = dim % max(x.ndim, 1)
+    key = -x if descending and not jnp.issubdtype(x.dtype, jnp.bool_) else x
+    idx = jnp.argsort(key, axis=d, stable=True)
+    return jnp.take_along_axis(x, idx, axis=d), idx
+
+
+@register("topk.default")
+def _topk(sig, x, k, dim=-1, largest=True, sorted=True):
+    d = dim % max(x.ndim, 1)
+    xm = jnp.moveaxis(x, d, -1)
+    v, i = jax.lax.top_k(xm if largest else -xm, k)
+    if not largest:
+        v = -v
+    return jnp.moveaxis(v, -1, d), jnp.moveaxis(i, -1, d)
+
+
+# -- matrix products -----------------------------------------------------------------------
+def _mmdt(sig, *xs):
+    dt = _out_dt(sig)
+    return [x.astype(dt) if x.dtype != dt else x for x in xs]
+
+
+@register("mm.default")
+def _mm(sig, a, b):
+    a, b = _mmdt(sig, a, b)
+    return jnp.matmul(a, b, precision=HI)
+
+
+@register("bmm.default")
+def _bmm(sig, a, b):
+    a, b = _mmdt(sig, a, b)
+    return jnp.matmul(a, b, precision=HI)
+
+
+@register("mv.default")
+def _mv(sig, a, b):
+    a, b = _mmdt(sig, a, b)
+    return jnp.matmul(a, b, precision=HI)
+
+
+@register("dot.default", "vdot.default")
+def _dot(sig, a, b):
+    a, b = _mmdt(sig, a, b)
+    return jnp.dot(a, b, precision=HI)
+
+
+def _scaled(x, s):
+    if isinstance(s, (int, float)) and s == 1:
+        return x
+    return x * (s.astype(x.dtype) if hasattr(s, "astype") else s)
+
+
+@register("addmm.default")
+def _addmm(sig, bias, a, b, beta=1, alpha=1):
+    bias, a, b = _mmdt(sig, bias, a, b)
+    prod = _scaled(jnp.matmul(a, b, precision=HI), alpha)
+    if isinstance(beta, (int, float)) and beta == 0:
+        return prod
+    return _scaled(bias, beta) + prod
+
+
+@register("baddbmm.default")
+def _baddbmm(sig, bias, a, b, beta=1, alpha=1):
+    bias, a, b = _mmdt(sig, bias, a, b)
+    prod = _scaled(jnp.matmul(a, b, precision=HI), alpha)
+    if isinstance(beta, (int, float)) and beta == 0:
+        return prod
+    return _scaled(bias, beta) + prod
+
+
+@register("addmv.default")
+def _addmv(sig, bias, a, b, beta=1, alpha=1):
+    bias, a, b = _mmdt(sig, bias, a, b)
+    return _scaled(bias, beta) + _scaled(jnp.matmul(a, b, precision=HI), alpha)
+
+
+@register("_unsafe_index.Tensor", "index.Tensor")
+def _index(sig, x, indices):
+    # Advanced indexing with a list of optional index tensors (None keeps the dim).
+    idx = tuple(slice(None) if i is None else (i if i.dtype != jnp.bool_ else i) for i in indices)
+    return x[idx]
+
+
+@register("gather.default")
+def _gather(sig, x, dim, index, sparse_grad=False):
+    return jnp.take_along_axis(x, index, axis=dim % max(x.ndim, 1))

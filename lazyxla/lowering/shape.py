@@ -1,0 +1,282 @@
+"""Views and data movement (reshape, transpose, slicing, cat, scatter, padding) in JAX.
+
+View lowerings must be pure index remappings of their input: ``lower_view_scatter``
+applies them to an index map to write through a view. Touches only the registry.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from . import register
+
+
+def _shape(sig, i=0):
+    return sig.outs[i].shape
+
+
+@register("view.default", "_unsafe_view.default", "reshape.default", "view_copy.default",
+          "_reshape_alias.default", "expand_copy.default")
+def _view(sig, x, *a, **k):
+    return jnp.reshape(x, _shape(sig)) if x.size == int(np.prod(_shape(sig), dtype=np.int64)) \
+        else jnp.broadcast_to(x, _shape(sig))
+
+
+@register("alias.default", "lift_fresh.default", "detach.default")
+def _alias(sig, x):
+    return x
+
+
+@register("t.default")
+def _t(sig, x):
+    return x.T if x.ndim == 2 else x
+
+
+@register("transpose.int")
+def _transpose(sig, x, d0, d1):
+    return jnp.swapaxes(x, d0, d1) if x.ndim else x
+
+
+@register("permute.default")
+def _permute(sig, x, dims):
+    return jnp.transpose(x, [d % x.ndim for d in dims]) if x.ndim else x
+
+
+@register("expand.default")
+def _expand(sig, x, size, implicit=False):
+    return jnp.broadcast_to(x, _shape(sig))
+
+
+@register("unsqueeze.default", "squeeze.default", "squeeze.dim", "squeeze.dims", "flatten.using_ints",
+          "unflatten.int")
+def _reshape_like(sig, x, *a):
+    return jnp.reshape(x, _shape(sig))
+
+
+@register("select.int")
+def _select(sig, x, dim, index):
+    d = dim % x.ndim
+    return jnp.take(x, index % x.shape[d] if isinstance(index, int) else index, axis=d)
+
+
+def _slice_bounds(n, start, end, step):
+    start = 0 if start is None else start
+    end = n if end is None else end
+    if start < 0:
+        start += n
+    if end < 0:
+        end += n
+    start = min(max(start, 0), n)
+    end = min(max(end, start), n)
+    return start, end, step
+
+
+@register("slice.Tensor")
+def _slice(sig, x, dim=0, start=None, end=None, step=1):
+    d = dim % x.ndim
+    s, e, st = _slice_bounds(x.shape[d], start, end, step)
+    idx = [slice(None)] * x.ndim
+    idx[d] = slice(s, e, st)
+    return x[tuple(idx)]
+
+
+@register("narrow.default")
+def _narrow(sig, x, dim, start, length):
+    d = dim % x.ndim
+    if start < 0:
+        start += x.shape[d]
+    idx = [slice(None)] * x.ndim
+    idx[d] = slice(start, start + length)
+    return x[tuple(idx)]
+
+
+@register("diagonal.default")
+def _diagonal(sig, x, offset=0, dim1=0, dim2=1):
+    return jnp.diagonal(x, offset, dim1 % x.ndim, dim2 % x.ndim)
+
+
+@register("as_strided.default")
+def _as_strided(sig, x, size, stride, storage_offset=None):
+    off = storage_offset or 0
+    idx = np.full(tuple(size), off, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        idx = idx + (np.arange(n, dtype=np.int64) * s).reshape(shape)
+    return jnp.take(x.reshape(-1), jnp.asarray(idx))
+
+
+@register("split.Tensor")
+def _split(sig, x, split_size, dim=0):
+    d = dim % x.ndim
+    n = x.shape[d]
+    bounds = list(range(split_size, n, split_size)) if split_size > 0 else []
+    return tuple(jnp.split(x, bounds, axis=d))
+
+
+@register("split_with_sizes.default")
+def _split_sizes(sig, x, sizes, dim=0):
+    d = dim % x.ndim
+    return tuple(jnp.split(x, np.cumsum(sizes)[:-1].tolist(), axis=d))
+
+
+@register("unbind.int")
+def _unbind(sig, x, dim=0):
+    d = dim % x.ndim
+    return tuple(jnp.take(x, i, axis=d) for i in range(x.shape[d]))
+
+
+@register("unfold.default")
+def _unfold(sig, x, dim, size, step):
+    d = dim % max(x.ndim, 1)
+    n = (x.shape[d] - size) // step + 1
+    idx = (np.arange(n)[:, None] * step + np.arange(size)[None, :])
+    y = jnp.take(x, jnp.asarray(idx.reshape(-1)), axis=d)
+    y = y.reshape(x.shape[:d] + (n, size) + x.shape[d + 1:])
+    return jnp.moveaxis(y, d + 1, -1)
+
+
+# -- data movement -------------------------------------------------------------------------
+@register("cat.default")
+def _cat(sig, tensors, dim=0):
+    dt = tensors[0].dtype
+    from ..runtime import jnp_dtype
+    dt = jnp_dtype(sig.outs[0].dtype)
+    ts = [t.astype(dt) for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
+    if not ts:
+        return jnp.zeros(_shape(sig), dt)
+    return jnp.concatenate(ts, axis=dim % ts[0].ndim)
+
+
+@register("stack.default")
+def _stack(sig, tensors, dim=0):
+    from ..runtime import jnp_dtype
+    dt = jnp_dtype(sig.outs[0].dtype)
+    return jnp.stack([t.astype(dt) for t in tensors], axis=dim % (tensors[0].ndim + 1))
+
+
+@register("flip.default")
+def _flip(sig, x, dims):
+    return jnp.flip(x, axis=tuple(d % x.ndim for d in dims))
+
+
+@register("roll.default")
+def _roll(sig, x, shifts, dims=()):
+    if not dims:
+        return jnp.roll(x.reshape(-1), shifts[0]).reshape(x.shape)
+    return jnp.roll(x, tuple(shifts), axis=tuple(dims))
+
+
+@register("repeat.default")
+def _repeat(sig, x, repeats):
+    pad = len(repeats) - x.ndim
+    return jnp.tile(x.reshape((1,) * pad + x.shape), tuple(repeats))
+
+
+@register("constant_pad_nd.default")
+def _pad(sig, x, pad, value=0):
+    cfg = [(0, 0, 0)] * x.ndim
+    for i in range(len(pad) // 2):
+        d = x.ndim - 1 - i
+        cfg[d] = (pad[2 * i], pad[2 * i + 1], 0)
+    import jax
+    return jax.lax.pad(x, jnp.asarray(value, x.dtype), cfg)
+
+
+@register("index_select.default")
+def _index_select(sig, x, dim, index):
+    return jnp.take(x, index, axis=dim % max(x.ndim, 1))
+
+
+@register("tril.default")
+def _tril(sig, x, diagonal=0):
+    return jnp.tril(x, diagonal)
+
+
+@register("triu.default")
+def _triu(sig, x, diagonal=0):
+    return jnp.triu(x, diagonal)
+
+
+def _scatter_idx(x, dim, index):
+    d = dim % x.ndim
+    grids = jnp.meshgrid(*[jnp.arange(n) for n in index.shape], indexing="ij")
+    grids[d] = index
+    return tuple(grids)
+
+
+@register("scatter.src", "scatter.value")
+def _scatter(sig, x, dim, index, src):
+    idx = _scatter_idx(x, dim, index)
+    if hasattr(src, "shape") and src.ndim:
+        src = src[tuple(slice(0, n) for n in index.shape)]
+    return x.at[idx].set(jnp.asarray(src, x.dtype))
+
+
+@register("scatter.reduce", "scatter.value_reduce")
+def _scatter_reduce_legacy(sig, x, dim, index, src, reduce):
+    idx = _scatter_idx(x, dim, index)
+    if hasattr(src, "shape") and src.ndim:
+        src = src[tuple(slice(0, n) for n in index.shape)]
+    src = jnp.asarray(src, x.dtype)
+    return x.at[idx].add(src) if reduce == "add" else x.at[idx].multiply(src)
+
+
+@register("scatter_add.default")
+def _scatter_add(sig, x, dim, index, src):
+    idx = _scatter_idx(x, dim, index)
+    return x.at[idx].add(src[tuple(slice(0, n) for n in index.shape)].astype(x.dtype))
+
+
+@register("index_put.default", "_unsafe_index_put.default")
+def _index_put(sig, x, indices, values, accumulate=False):
+    idx = tuple(slice(None) if i is None else i for i in indices)
+    v = jnp.asarray(values, x.dtype)
+    return x.at[idx].add(v) if accumulate else x.at[idx].set(v)
+
+
+@register("index_add.default")
+def _index_add(sig, x, dim, index, source, alpha=1):
+    d = dim % max(x.ndim, 1)
+    idx = [slice(None)] * x.ndim
+    idx[d] = index
+    return x.at[tuple(idx)].add((source * alpha).astype(x.dtype))
+
+
+@register("index_copy.default")
+def _index_copy(sig, x, dim, index, source):
+    d = dim % max(x.ndim, 1)
+    idx = [slice(None)] * x.ndim
+    idx[d] = index
+    return x.at[tuple(idx)].set(source.astype(x.dtype))
+
+
+@register("select_scatter.default")
+def _select_scatter(sig, x, src, dim, index):
+    d = dim % x.ndim
+    idx = [slice(None)] * x.ndim
+    idx[d] = index
+    return x.at[tuple(idx)].set(src.astype(x.dtype))
+
+
+@register("slice_scatter.default")
+def _slice_scatter(sig, x, src, dim=0, start=None, end=None, step=1):
+    d = dim % x.ndim
+    s, e, st = _slice_bounds(x.shape[d], start, end, step)
+    idx = [slice(None)] * x.ndim
+    idx[d] = slice(s, e, st)
+    return x.at[tuple(idx)].set(src.astype(x.dtype))
+
+
+@register("diagonal_scatter.default")
+def _diagonal_scatter(sig, x, src, offset=0, dim1=0, dim2=1):
+    n = x.size
+    ids = jnp.arange(n).reshape(x.shape)
+    m = jnp.diagonal(ids, offset, dim1 % x.ndim, dim2 % x.ndim)
+    return x.reshape(-1).at[m.reshape(-1)].set(src.reshape(-1).astype(x.dtype)).reshape(x.shape)
+
+
+@register("as_strided_scatter.default")
+def _as_strided_scatter(sig, x, src, size, stride, storage_offset=None):
+    ids = _as_strided(sig, jnp.arange(x.size), size, stride, storage_offset)
+    return x.reshape(-1).at[ids.reshape(-1)].set(src.reshape(-1).astype(x.dtype)).reshape(x.shape)

@@ -1,0 +1,245 @@
+"""The metrics arena: counters, sampled metrics and torch_xla-style reports.
+
+It keeps its own state and touches nothing else (no torch, no jax, no other lazyxla module), so
+every part of lazyxla can record into it cheaply. The public face is `lazyxla.debug.metrics`.
+"""
+
+import collections
+import contextlib
+import math
+import os
+import threading
+import time
+
+# Counters: name -> int. The hot path is a single dict update. Under CPython's GIL
+# `d[k] = d.get(k, 0) + n` can only lose an increment if a thread switch lands between the get
+# and the store; we accept that for speed (counters are diagnostics, not accounting).
+COUNTERS = {}
+
+MAX_SAMPLES = int(os.environ.get("XLA_METRICS_SAMPLES", "1024"))
+
+
+def _read_percentiles(text):
+    pcts = sorted(float(p) for p in text.split(":"))
+    for p in pcts:
+        if not 0.0 < p < 1.0:
+            raise ValueError(f"Invalid percentile: {p}")
+    return pcts
+
+
+PERCENTILES = _read_percentiles(
+    os.environ.get("XLA_METRICS_PERCENTILES", "0.01:0.05:0.1:0.2:0.5:0.8:0.9:0.95:0.99"))
+
+SHORT_COUNTERS = ["CachedCompile", "MarkStep", "DynamoSyncInputExecuteTime"]
+SHORT_METRICS = ["CompileTime", "ExecuteTime", "ExecuteReplicatedTime",
+                 "TransferToDeviceTime", "TransferFromDeviceTime"]
+_PREFIX = "pt-xla-profiler"
+
+
+class _Metric:
+    __slots__ = ("kind", "count", "acc", "samples")
+
+    def __init__(self, kind):
+        self.kind = kind
+        self.count = 0
+        self.acc = 0.0
+        self.samples = collections.deque(maxlen=max(1, MAX_SAMPLES))  # (timestamp_ns, value)
+
+
+_METRICS = {}
+_LOCK = threading.Lock()  # guards _METRICS and every _Metric (executions finish on other threads)
+
+now_ns = time.perf_counter_ns  # for measuring durations on hot paths
+
+
+def counter_inc(name, n=1):
+    COUNTERS[name] = COUNTERS.get(name, 0) + n
+
+
+def metric_add(name, value, kind="value", timestamp_ns=None):
+    """Add one sample. kind is "time" (ns), "bytes" or "value"; the first add fixes it."""
+    ts = time.time_ns() if timestamp_ns is None else timestamp_ns
+    with _LOCK:
+        m = _METRICS.get(name)
+        if m is None:
+            if kind not in _FORMATTERS:
+                raise ValueError(f"unknown metric kind {kind!r}")
+            m = _METRICS[name] = _Metric(kind)
+        m.count += 1
+        m.acc += value
+        m.samples.append((ts, value))
+
+
+@contextlib.contextmanager
+def timed(name):
+    t0 = now_ns()
+    try:
+        yield
+    finally:
+        metric_add(name, now_ns() - t0, "time")
+
+
+def counter_value(name):
+    v = COUNTERS.get(name)
+    return v if v else None  # torch_xla hides zero counters
+
+
+def _live_counters():
+    # dict.copy() runs in C without releasing the GIL: a consistent snapshot.
+    return sorted((k, v) for k, v in COUNTERS.copy().items() if v)
+
+
+def counter_names():
+    return [k for k, _ in _live_counters()]
+
+
+def _snapshot(name):
+    m = _METRICS.get(name)
+    if m is None or m.count == 0:
+        return None
+    return m.kind, m.count, m.acc, list(m.samples)
+
+
+def _live_metrics(names=None):
+    with _LOCK:
+        wanted = sorted(_METRICS) if names is None else sorted(set(names) & set(_METRICS))
+        snaps = [(n, _snapshot(n)) for n in wanted]
+    return [(n, s) for n, s in snaps if s is not None]
+
+
+def metric_names():
+    return [n for n, _ in _live_metrics()]
+
+
+def metric_data(name):
+    """(total_samples, accumulator, [(timestamp_seconds, value), ...]) or None."""
+    with _LOCK:
+        snap = _snapshot(name)
+    if snap is None:
+        return None
+    _, count, acc, samples = snap
+    return count, acc, [(ts / 1e9, v) for ts, v in samples]
+
+
+def clear_counters():
+    COUNTERS.clear()
+
+
+def clear_metrics():
+    with _LOCK:
+        for m in _METRICS.values():  # the kind stays fixed
+            m.count, m.acc = 0, 0.0
+            m.samples.clear()
+
+
+# ---- value formatting (torch_xla's MetricFnTime / MetricFnBytes / MetricFnValue) ----
+
+_TIME_PARTS = (("d", 86400e9, 2, 0), ("h", 3600e9, 2, 0), ("m", 60e9, 2, 0),
+               ("s", 1e9, 2, 0), ("ms", 1e6, 3, 0), ("us", 1e3, 7, 3))
+
+
+def format_time(ns):
+    # Leading parts are omitted while below 1. Like torch_xla, a part is *rounded* when printed
+    # but only its floor is subtracted, so 412.7ms prints as "413ms700.000us".
+    out, started = [], False
+    for i, (suffix, scale, width, prec) in enumerate(_TIME_PARTS):
+        part = ns / scale
+        if part >= 1.0 or started or i == len(_TIME_PARTS) - 1:
+            out.append("%0*.*f%s" % (width, prec, part, suffix))
+            ns -= math.floor(part) * scale
+            started = True
+    return "".join(out)
+
+
+def format_bytes(value):
+    suffixes = ("B", "KB", "MB", "GB", "TB", "PB")
+    i = 0
+    while i + 1 < len(suffixes) and value >= 1024.0:
+        value /= 1024.0
+        i += 1
+    return "%.2f%s" % (value, suffixes[i])
+
+
+def format_value(value):
+    return "%.2f" % value
+
+
+_FORMATTERS = {"time": format_time, "bytes": format_bytes, "value": format_value}
+
+
+# ---- reports ----
+
+def _metric_block(name, snap):
+    kind, count, acc, samples = snap
+    fmt = _FORMATTERS[kind]
+    lines = [f"Metric: {name}", f"  TotalSamples: {count}", f"  Accumulator: {fmt(acc)}"]
+    delta_ns = samples[-1][0] - samples[0][0]
+    if delta_ns > 0:  # rates are over the retained window only
+        total = sum(v for _, v in samples)
+        lines.append(f"  ValueRate: {fmt(1e6 * (total / (delta_ns / 1000.0)))} / second")
+        lines.append("  Rate: %g / second" % (1e6 * (len(samples) / (delta_ns / 1000.0))))
+    values = sorted(v for _, v in samples)
+    pcts = ["%g%%=%s" % (p * 100.0, fmt(values[min(int(p * len(values)), len(values) - 1)]))
+            for p in PERCENTILES]
+    lines.append("  Percentiles: " + "; ".join(pcts))
+    return lines
+
+
+def _counter_block(name, value):
+    return [f"Counter: {name}", f"  Value: {value}"]
+
+
+def _join(lines):
+    return "".join(line + "\n" for line in lines)
+
+
+def metrics_report():
+    lines = []
+    for name, snap in _live_metrics():
+        lines += _metric_block(name, snap)
+    for name, value in _live_counters():
+        lines += _counter_block(name, value)
+    return _join(lines)
+
+
+def short_metrics_report(counter_names=None, metric_names=None):
+    """Only the named metrics and counters (torch_xla's defaults when empty), then every aten::
+    counter. torch_xla would print an aten:: counter twice if it is also named; we print it once."""
+    counter_names = set(counter_names or SHORT_COUNTERS)
+    lines = []
+    for name, snap in _live_metrics(metric_names or SHORT_METRICS):
+        lines += _metric_block(name, snap)
+    counters = _live_counters()
+    for name, value in counters:
+        if name in counter_names:
+            lines += _counter_block(name, value)
+    for name, value in counters:
+        if name.startswith("aten::") and name not in counter_names:
+            lines += _counter_block(name, value)
+    return _join(lines)
+
+
+def executed_fallback_ops():
+    return [name for name, _ in _live_counters() if name.startswith("aten::")]
+
+
+def performance_report(warmup_steps=10):
+    """The pt-xla-profiler lines that apply now (torch_xla's CreatePerformanceReport)."""
+    steps = COUNTERS.get("MarkStep", 0)
+    out = []
+    for metric, warmup in (("CompileTime", warmup_steps), ("TransferFromDeviceTime", 0)):
+        data = metric_data(metric)
+        if data and steps > warmup and data[0] / steps > 0.5:
+            out.append(f"{_PREFIX}: {metric} too frequent: {data[0]} counts during {steps} steps")
+    for metric, limit_ns in (("CompileTime", 300e9), ("ExecuteTime", 30e9)):
+        data = metric_data(metric)
+        longest = max((v for _, v in data[2]), default=0.0) if data else 0.0
+        if longest > limit_ns:
+            out.append(f"{_PREFIX}: {metric} too slow: longest instance took "
+                       f"{format_time(longest)}. Please open a GitHub issue with the graph dump "
+                       "for our team to optimize.")
+    ops = [n for n in executed_fallback_ops() if n != "aten::_local_scalar_dense"]
+    if ops:
+        out.append(f"{_PREFIX}: Op(s) not lowered: {''.join(n + ', ' for n in ops)} Please open "
+                   "a GitHub issue with the above op lowering requests.")
+    return out

@@ -1,0 +1,57 @@
+"""The RNG seed graph (R8).
+
+The seed is one device-data parameter. Each random op recorded in a step extends a chain
+``seed' = 2531011 + 214013 * seed`` in IR and takes the new value, so a program depends on
+how many random ops it has, never on the seed. Each sync advances the host seed
+(``seed = 1012031 + seed * 7012063``, 64-bit wrap); ``manual_seed`` sets it (default 101).
+
+May touch: its own state, and the device (to upload the seed).
+"""
+from __future__ import annotations
+
+import torch
+
+from .ir import Node, OpSig, Slot, TensorMeta, data_leaf
+
+DEFAULT_SEED = 101
+_M64 = (1 << 64) - 1
+_seed = DEFAULT_SEED
+_seed_ir = None
+_META = TensorMeta((), torch.int64)
+
+
+def _lower_next(sig, s):
+    return 2531011 + 214013 * s
+
+
+_NEXT = OpSig("lazyxla::seed_next", None, _lower_next, ((Slot(0),), ()), (_META,))
+
+
+def _as_int64(v):
+    return v - (1 << 64) if v >= (1 << 63) else v
+
+
+def next_seed():
+    """The IR value of a fresh seed for one random op."""
+    global _seed_ir
+    if _seed_ir is None:
+        from .runtime import scalar_array
+        _seed_ir = (data_leaf(scalar_array(_as_int64(_seed), torch.int64), _META), 0)
+    _seed_ir = (Node(_NEXT, (_seed_ir,)), 0)
+    return _seed_ir
+
+
+def mark_step():
+    global _seed, _seed_ir
+    _seed = (1012031 + _seed * 7012063) & _M64
+    _seed_ir = None
+
+
+def manual_seed(seed: int):
+    global _seed, _seed_ir
+    _seed = int(seed) & _M64
+    _seed_ir = None
+
+
+def get_rng_state() -> int:
+    return _seed

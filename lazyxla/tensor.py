@@ -1,0 +1,193 @@
+"""Lazy tensors, their storages, and the arena of live tensors.
+
+A ``LazyTensor`` is a ``torch.Tensor`` wrapper subclass on the ``lazyxla`` device (PyTorch's
+PrivateUse1 backend, renamed). It holds no numbers. Its value lives in a ``Storage``,
+shared by a tensor and every view or alias of it (``.data``, ``detach()``, slices):
+
+- ``storage.ir`` is the current value as an IR value ``(node, index)``: either pending IR,
+  or a device-data leaf whose node holds a ``jax.Array`` (then ``storage.data`` is that array);
+- a view tensor keeps the chain of view signatures from its storage's value and rebuilds its
+  own IR from the storage when the storage's ``version`` has moved on.
+
+The arena (R0 "live tensors") maps each tensor's unique id, from a counter starting at 1, to
+a weak reference, in creation order; a sync walks it.
+
+May touch: metrics counters. Knows nothing about ops, lowering or execution.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import torch
+import torch.utils.backend_registration as _br
+
+from . import metrics
+from .ir import TensorMeta, data_leaf
+
+BACKEND = "lazyxla"
+
+
+def _register_backend():
+    if torch._C._get_privateuse1_backend_name() != BACKEND:
+        _br._setup_privateuseone_for_python_backend(rename=BACKEND)
+
+
+_register_backend()
+DEVICE = torch.device(BACKEND, 0)
+
+
+class Storage:
+    """The value shared by a tensor and all its aliases."""
+
+    __slots__ = ("ir", "data", "version", "meta", "donate", "__weakref__")
+
+    def __init__(self, ir, meta, data=None):
+        self.ir = ir
+        self.data = data
+        self.meta = meta
+        self.version = 0
+        self.donate = False
+
+    @staticmethod
+    def of_data(array, meta):
+        return Storage((data_leaf(array, meta), 0), meta, array)
+
+    def set_ir(self, value):
+        self.ir = value
+        self.data = None
+        self.version += 1
+
+    def set_data(self, array):
+        self.ir = (data_leaf(array, self.meta), 0)
+        self.data = array
+        self.version += 1
+
+    @property
+    def pending(self):
+        return self.data is None
+
+
+_ids = itertools.count(1)
+LIVE: dict = {}  # unique id -> weakref to LazyTensor, in creation order
+
+
+def _forget(uid):
+    def cb(_ref, _uid=uid, _live=LIVE, _inc=metrics.counter_inc):
+        _live.pop(_uid, None)
+        _inc("DestroyXlaTensor")
+    return cb
+
+
+_make_wrapper = torch.Tensor._make_wrapper_subclass
+_weakref = weakref.ref
+_counter_inc = metrics.counter_inc
+
+
+class LazyTensor(torch.Tensor):
+    """A tensor on the lazy XLA device; see the module docstring."""
+
+    __slots__ = ("_st", "_chain", "_ir", "_sv", "_meta", "_uid")
+
+    @staticmethod
+    def __new__(cls, storage: Storage, meta: TensorMeta, chain=None, requires_grad=False):
+        t = _make_wrapper(cls, meta.shape, strides=meta.stride, dtype=meta.dtype, device=DEVICE,
+                          requires_grad=requires_grad)
+        t._st = storage
+        t._chain = chain
+        t._ir = None
+        t._sv = -1
+        t._meta = meta
+        uid = next(_ids)
+        t._uid = uid
+        LIVE[uid] = _weakref(t, _forget(uid))
+        _counter_inc("CreateXlaTensor")
+        return t
+
+    def __init__(self, *a, **k):
+        pass
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _dispatch(func, args, kwargs)
+
+    # -- values read on the host (R5); each is one value read -------------------------------
+    def __repr__(self, *, tensor_contents=None):
+        from .executor import read_values
+        host = read_values([self])[0]
+        body = repr(host)
+        if body.endswith(")"):
+            body = body[:-1] + f", device='{self.device}')"
+        return body
+
+    def tolist(self):
+        return self.cpu().tolist()
+
+    def numpy(self, *, force=False):
+        return self.cpu().numpy()
+
+    def __reduce_ex__(self, proto):
+        # torch.save / deepcopy of a lazy tensor: its value, restored onto the lazy device.
+        host = self.detach().cpu()
+        return (_restore, (host, self.requires_grad))
+
+    def __deepcopy__(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        from .executor import read_values
+        host = read_values([self])[0]
+        r = to_device(host)
+        r.requires_grad_(self.requires_grad)
+        memo[id(self)] = r
+        return r
+
+
+def _restore(host, requires_grad):
+    t = to_device(host)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def value_of(t: LazyTensor):
+    """The tensor's current IR value, rebuilding a view's IR if its storage moved on."""
+    st = t._st
+    chain = t._chain
+    if chain is None:
+        return st.ir
+    if t._sv != st.version:
+        from .dispatch import replay_chain
+        t._ir = replay_chain(st.ir, chain)
+        t._sv = st.version
+    return t._ir
+
+
+def to_device(host: torch.Tensor) -> LazyTensor:
+    """Upload a CPU tensor: device data at once, no IR (TransferToDeviceTime)."""
+    from .runtime import upload
+    host = host.detach()
+    meta = TensorMeta(host.shape, host.dtype)
+    array = upload(host)
+    return LazyTensor(Storage.of_data(array, meta), meta)
+
+
+def live_tensors():
+    """Live lazy tensors in creation order."""
+    out = []
+    for ref in list(LIVE.values()):
+        t = ref()
+        if t is not None:
+            out.append(t)
+    return out
+
+
+def device(index: int = 0) -> torch.device:
+    """The lazy XLA device (torch_xla's ``torch_xla.device()``)."""
+    if index != 0:
+        raise ValueError(f"lazyxla has one logical device, lazyxla:0; asked for index {index}")
+    return DEVICE
+
+
+from .dispatch import _dispatch  # noqa: E402  (dispatch imports this module)
