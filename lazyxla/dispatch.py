@@ -55,9 +55,14 @@ class FuncInfo:
         self.counter = "xla::" + s.name.split("::", 1)[-1]
         vp, vk = set(), set()
         written = []
+        writes = any(a.alias_info is not None and a.alias_info.is_write for a in s.arguments)
+        static = lowering.STATIC_ARGS.get(func) or \
+            (lowering.STATIC_ARGS.get(lowering.functional_of(func), ()) if writes else ())
         for i, a in enumerate(s.arguments):
             ts = str(a.type)
-            if ts.startswith("Scalar") or ts.startswith("Tensor") or ts.startswith("number"):
+            if a.name in static:
+                pass
+            elif ts.startswith("Scalar") or ts.startswith("Tensor") or ts.startswith("number"):
                 (vk if a.kwarg_only else vp).add(i if not a.kwarg_only else a.name)
             if a.alias_info is not None and a.alias_info.is_write:
                 written.append(a.name)
@@ -197,9 +202,10 @@ def _flat_tensors(x, out):
 class _Entry:
     """A cached signature: how to record a call with this key."""
 
-    __slots__ = ("sig", "mode", "scalar_dtypes", "const", "nops")
+    __slots__ = ("sig", "mode", "scalar_dtypes", "const", "nops", "pattern")
 
-    def __init__(self, sig, mode, scalar_dtypes=(), const=None, nops=0):
+    def __init__(self, sig, mode, scalar_dtypes=(), const=None, nops=0, pattern=None):
+        self.pattern = pattern  # for tuple results with None (undefined) outputs: tensor positions
         self.sig = sig
         self.mode = mode  # "node" | "decomp" | "fallback" | "const"
         self.scalar_dtypes = scalar_dtypes
@@ -259,7 +265,10 @@ def _new_entry(func, info, args, kwargs, where) -> _Entry:
         sdt[slot_i] = _scalar_dtype(pytype, tensors)
     op = _info(target).name
     sig = OpSig(op, target, low, template, out_metas, cdtype=cdtype)
-    return _Entry(sig, "node", sdt, nops=counter[0])
+    pattern = None
+    if isinstance(mout, (tuple, list)) and any(o is None for o in mout):
+        pattern = tuple(o is not None for o in mout)
+    return _Entry(sig, "node", sdt, nops=counter[0], pattern=pattern)
 
 
 def _promoted(args, tensors):
@@ -367,6 +376,9 @@ def _dispatch(func, args, kwargs):
     kind = info.kind
     if kind == "functional":
         out = _wrap_outputs(node, sig)
+        if entry.pattern is not None:
+            it = iter(out)
+            out = tuple(next(it) if p else None for p in entry.pattern)
     elif kind == "inplace":
         out = args[0]
         write(out, (node, 0))

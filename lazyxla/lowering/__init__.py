@@ -23,6 +23,9 @@ aten = torch.ops.aten
 LOWERINGS: dict = {}
 RANDOM: set = set()
 DECOMPOSITIONS: dict = {}
+# Scalar arguments that decide what the op computes (not just a value in it): they are
+# hashed into the node and reach the lowering as Python numbers, never as device data.
+STATIC_ARGS: dict = {}
 
 
 def _resolve(op):
@@ -39,14 +42,16 @@ def _resolve(op):
     raise TypeError(op)
 
 
-def register(*ops, random=False):
-    """Decorator: ``@register("add.Tensor", aten.sub.Tensor, ...)``."""
+def register(*ops, random=False, static=()):
+    """Decorator: ``@register("add.Tensor", aten.sub.Tensor, ..., static=("ord",))``."""
     def deco(fn):
         for op in ops:
             for o in _resolve(op):
                 LOWERINGS[o] = fn
                 if random:
                     RANDOM.add(o)
+                if static:
+                    STATIC_ARGS[o] = frozenset(static)
         return fn
     return deco
 

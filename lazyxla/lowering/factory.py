@@ -53,7 +53,7 @@ def _scalar_tensor(sig, s, **k):
     return jnp.asarray(s).astype(dt)
 
 
-@register("arange.default", "arange.start", "arange.start_step")
+@register("arange.default", "arange.start", "arange.start_step", static=("start", "end", "step"))
 def _arange(sig, *a, **k):
     shape, dt = _meta(sig)
     nums = [x for x in a if isinstance(x, (int, float))]
@@ -67,7 +67,7 @@ def _arange(sig, *a, **k):
         if isinstance(start, float) or isinstance(step, float) else (start + step * jnp.arange(shape[0])).astype(dt)
 
 
-@register("linspace.default")
+@register("linspace.default", static=("start", "end"))
 def _linspace(sig, start, end, steps, **k):
     shape, dt = _meta(sig)
     return jnp.linspace(jnp.asarray(start, jnp.float64), jnp.asarray(end, jnp.float64), steps).astype(dt)

@@ -137,7 +137,7 @@ def _var_mean(sig, x, dim=None, correction=None, keepdim=False):
     return jnp.var(xa, axis=ax, ddof=_correction(correction), keepdims=keepdim), jnp.mean(xa, axis=ax, keepdims=keepdim)
 
 
-@register("linalg_vector_norm.default")
+@register("linalg_vector_norm.default", static=("ord",))
 def _vnorm(sig, x, ord=2, dim=None, keepdim=False, dtype=None):
     xa = jnp.abs(_acc(x, None))
     ax = _dims(x, dim)
