@@ -149,7 +149,7 @@ def _key_item(a, is_value, ops, info, where):
             return up._meta
         raise LazyXlaError(
             f"{info.name}: expected all tensors on {DEVICE}, but one is on {a.device} "
-            f"(shape {list(a.shape)}, {a.dtype}) at {fmt_where(where)}. Move it with .to(lazyxla.device())."
+            f"(shape {list(a.shape)}, {a.dtype}) at {fmt_where(where or user_frame(1))}. Move it with .to(lazyxla.device())."
         )
     if t is torch.device:
         return ("dev", a.type)
