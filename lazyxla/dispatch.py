@@ -81,6 +81,8 @@ class FuncInfo:
         self.functional = lowering.functional_of(func) if self.kind in ("inplace", "out") else func
         self.random = lowering.is_random(self.functional) if self.functional is not None else False
         self.special = SPECIAL.get(func)
+        if self.special is None and s.name.startswith("aten::_foreach_"):
+            self.special = _foreach
 
 
 _INFO: dict = {}
@@ -344,6 +346,13 @@ def _dispatch(func, args, kwargs):
         info = _info(func)
     if info.special is not None:
         return info.special(func, args, kwargs or {})
+    return _record(func, info, args, kwargs, t0)
+
+
+def _record(func, info, args, kwargs, t0=None):
+    """Record one call as an IR node (or decompose it / fall back to the CPU)."""
+    if t0 is None:
+        t0 = _now()
     ops = []
     key = _key_of(func, info, args, kwargs, ops, None)
     entry = _SIGS.get(key)
@@ -484,7 +493,7 @@ def replay_chain(base_value, chain):
 # ---------------------------------------------------------------------------------------
 def _decompose(func, info, args, kwargs):
     fn = lowering.DECOMPOSITIONS[info.functional]
-    if info.kind == "functional":
+    if info.kind in ("functional", "mutating"):  # a mutating op's decomposition writes itself
         return fn(*args, **(kwargs or {}))
     kw = dict(kwargs or {})
     if info.kind == "out":
@@ -587,23 +596,19 @@ def _local_scalar_dense(func, args, kwargs):
 
 
 def _to_copy(func, args, kwargs):
+    """``.to(...)``: to another device is a value read; a dtype change is recorded."""
     src = args[0]
     dev = kwargs.get("device")
     if dev is not None and torch.device(dev).type != DEVICE.type:
         from .executor import read_values
         host = read_values([src])[0]
-        kw = {k: v for k, v in kwargs.items() if k in ("dtype",)}
-        if kw.get("dtype") is not None and kw["dtype"] != host.dtype:
-            host = host.to(kw["dtype"])
-        if kwargs.get("pin_memory"):
-            host = host.pin_memory()
-        return host.to(dev) if torch.device(dev).type != "cpu" else host
-    kw = {k: v for k, v in kwargs.items() if k == "dtype"}
-    return _dispatch_plain(aten._to_copy.default, (src,), kw)
-
-
-def _dispatch_plain(func, args, kwargs):
-    return _dispatch(func, args, kwargs)
+        if kwargs.get("dtype") is not None and kwargs["dtype"] != host.dtype:
+            host = host.to(kwargs["dtype"])
+        if torch.device(dev).type != "cpu":
+            host = host.to(dev)
+        return host.pin_memory() if kwargs.get("pin_memory") else host
+    kw = {"dtype": kwargs["dtype"]} if kwargs.get("dtype") is not None else {}
+    return _record(func, _info(func), (src,), kw)
 
 
 def _copy_(func, args, kwargs):
@@ -617,8 +622,8 @@ def _copy_(func, args, kwargs):
         src = to_device(src)
     if src._meta.shape == dst._meta.shape and src._meta.dtype == dst._meta.dtype:
         write(dst, value_of(src))
-    else:
-        _dispatch(aten.copy_.default, (dst, src), {})
+    else:  # broadcast and/or convert: recorded as aten::copy
+        _record(func, _info(func), (dst, src), {})
     return dst
 
 
@@ -627,67 +632,32 @@ def _lift(func, args, kwargs):
 
 
 def _foreach(func, args, kwargs):
-    """``_foreach_<op>[_]``: the same op on each element, recorded one by one."""
+    """``_foreach_<op>[_]``: the same op on each element of the lists, recorded one by one."""
     name = func._schema.name.split("::")[1][len("_foreach_"):]
-    inplace = name.endswith("_")
-    base = name[:-1] if inplace else name
-    ov = func._schema.overload_name
-    single = None
-    for cand in ((base + "_") if inplace else base,):
-        packet = getattr(aten, cand, None)
-        if packet is not None:
-            single = packet
-    if single is None:
-        raise LazyXlaError(f"{func}: no per-tensor op for this foreach op")
-    lists = [a for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
-    n = len(args[0])
-    res = []
-    for i in range(n):
-        ai = []
-        for a in args:
-            if isinstance(a, (list, tuple)) and len(a) == n and (lists and any(a is l for l in lists)
-                                                                  or (ov.startswith("ScalarList") and a is args[-1])):
-                ai.append(a[i])
-            else:
-                ai.append(a)
-        kw = dict(kwargs)
-        if ov.startswith("ScalarList") and isinstance(args[-1], (list, tuple)):
-            ai[-1] = args[-1][i]
-        res.append(single(*ai, **kw))
-    return None if inplace else res
+    single = getattr(aten, name)
+    n = next(len(a) for a in args if isinstance(a, (list, tuple)))
+    per = [isinstance(a, (list, tuple)) and len(a) == n for a in args]
+    if name in ("addcdiv_", "addcmul_", "addcdiv", "addcmul") and len(args) == 4:
+        vals = args[3]
+        args, per = args[:3], per[:3]
+        kws = [dict(kwargs, value=(vals[i].item() if isinstance(vals, torch.Tensor) else vals[i])
+                    if per_v else vals) for i, per_v in ((i, isinstance(vals, (list, tuple, torch.Tensor)))
+                                                         for i in range(n))]
+    else:
+        kws = [kwargs] * n
+    res = [single(*[a[i] if p else a for a, p in zip(args, per)], **kws[i]) for i in range(n)]
+    return None if name.endswith("_") else res
 
 
 SPECIAL = {
     aten.detach.default: _identity_alias,
     aten.alias.default: _identity_alias,
     aten._local_scalar_dense.default: _local_scalar_dense,
-    aten._to_copy.default: None,  # set below (needs _dispatch for the dtype-only case)
+    aten._to_copy.default: _to_copy,
     aten.copy_.default: _copy_,
     aten.lift_fresh.default: _lift,
 }
 
-
-def _to_copy_entry(func, args, kwargs):
-    dev = kwargs.get("device")
-    if dev is not None and torch.device(dev).type != DEVICE.type:
-        return _to_copy(func, args, kwargs)
-    kw = {k: v for k, v in kwargs.items() if k in ("dtype",) and v is not None}
-    info = _info(func)
-    ops = []
-    key = _key_of(func, info, args, kw, ops, None)
-    entry = _SIGS.get(key)
-    if entry is None:
-        entry = _SIGS[key] = _new_entry(func, info, args, kw, user_frame(3))
-    node = Node(entry.sig, (value_of(args[0]),), user_frame(3))
-    return _wrap_outputs(node, entry.sig)
-
-
-SPECIAL[aten._to_copy.default] = _to_copy_entry
-for _name in dir(aten):
-    if _name.startswith("_foreach_"):
-        _p = getattr(aten, _name)
-        for _ov in _p.overloads():
-            SPECIAL[getattr(_p, _ov)] = _foreach
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,56 @@
+"""The ``lazyxla`` command line: ``python -m lazyxla <subcommand>`` or ``lazyxla <subcommand>``.
+
+Subcommands live in ``SUBCOMMANDS``, a dict of name -> ``(add_arguments, handler, help)``:
+``add_arguments(parser)`` declares the subcommand's options, ``handler(args)`` runs it and
+returns an exit code (``None`` means 0), ``help`` is its one-line description. To add one
+(``explain``, ``cache``, ...), write the two functions and add an entry; ``main`` needs no
+change. Handlers import what they need, so ``--help`` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+# ---------------------------------------------------------------------------------------
+# demo
+def _demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--epochs", type=int, default=4, help="training epochs (default 4)")
+    p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from . import demo
+    demo.run(epochs=args.epochs, batch_size=args.batch_size, quiet=args.quiet)
+    return 0
+
+
+SUBCOMMANDS = {
+    "demo": (_demo_arguments, _demo,
+             "train a small CNN on scikit-learn's digits and report the compilation counts"),
+}
+
+
+# ---------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="lazyxla",
+                                 description="lazyxla: torch_xla's lazy graph executor in Python")
+    sub = ap.add_subparsers(dest="command", metavar="<command>")
+    sub.required = True
+    for name, (add_arguments, handler, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_arguments(p)
+        p.set_defaults(_handler=handler)
+    return ap
+
+
+def main(argv=None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand, return its exit code."""
+    args = build_parser().parse_args(argv)
+    code = args._handler(args)
+    return 0 if code is None else int(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
