@@ -135,16 +135,12 @@ def convolution_backward(sig, grad, x, w, bias_sizes, stride, padding, dilation,
     def fwd(x_, w_):
         return _conv(x_, w_, stride, padding, dilation, transposed, output_padding, groups)
 
-    grads = []
-
-    def get(i):
-        if not grads:
-            grads.extend(_vjp(fwd, (x, w), grad))
-        return grads[i]
-
+    gx = gw = None
+    if output_mask[0] or output_mask[1]:
+        gx, gw = _vjp(fwd, (x, w), grad)
     reduce_axes = tuple(a for a in range(grad.ndim) if a != 1)
     return _masked(sig, output_mask,
-                   [lambda: get(0), lambda: get(1), lambda: jnp.sum(grad, axis=reduce_axes)])
+                   [lambda: gx, lambda: gw, lambda: jnp.sum(grad, axis=reduce_axes)])
 
 
 # ---------------------------------------------------------------------------------------
@@ -284,11 +280,11 @@ def adaptive_avg_pool2d_backward(sig, grad, x):
 
 # ---------------------------------------------------------------------------------------
 # Softmax.
-def _along(fn, x, dim):
-    """Apply ``fn(x, axis)`` (0-d inputs are treated as 1-element vectors)."""
-    if x.ndim == 0:
-        return fn(x.reshape(1), 0).reshape(())
-    return fn(x, dim % x.ndim)
+def _along(fn, dim, *xs):
+    """``fn(*xs, axis)`` along ``dim``; 0-d inputs are treated as 1-element vectors."""
+    if xs[0].ndim == 0:
+        return fn(*(x.reshape(1) for x in xs), 0).reshape(())
+    return fn(*xs, dim % xs[0].ndim)
 
 
 def _softmax_fn(x, axis):
@@ -301,28 +297,32 @@ def _log_softmax_fn(x, axis):
     return sh - jnp.log(jnp.sum(jnp.exp(sh), axis=axis, keepdims=True))
 
 
+def _softmax_grad_fn(grad, out, axis):
+    return out * (grad - jnp.sum(grad * out, axis=axis, keepdims=True))
+
+
+def _log_softmax_grad_fn(grad, out, axis):
+    return grad - jnp.exp(out) * jnp.sum(grad, axis=axis, keepdims=True)
+
+
 @register("_softmax.default")
 def softmax(sig, x, dim, half_to_float):
-    return _along(_softmax_fn, _f(x), dim)
+    return _along(_softmax_fn, dim, _f(x))
 
 
 @register("_log_softmax.default")
 def log_softmax(sig, x, dim, half_to_float):
-    return _along(_log_softmax_fn, _f(x), dim)
+    return _along(_log_softmax_fn, dim, _f(x))
 
 
 @register("_softmax_backward_data.default")
 def softmax_backward_data(sig, grad, out, dim, input_dtype):
-    grad, out = _f(grad), _f(out)
-    return _along(lambda go, a: out.reshape(go.shape) * (go - jnp.sum(go * out.reshape(go.shape), a, keepdims=True)),
-                  grad, dim)
+    return _along(_softmax_grad_fn, dim, _f(grad), _f(out))
 
 
 @register("_log_softmax_backward_data.default")
 def log_softmax_backward_data(sig, grad, out, dim, input_dtype):
-    grad, out = _f(grad), _f(out)
-    return _along(lambda go, a: go - jnp.exp(out.reshape(go.shape)) * jnp.sum(go, a, keepdims=True),
-                  grad, dim)
+    return _along(_log_softmax_grad_fn, dim, _f(grad), _f(out))
 
 
 # ---------------------------------------------------------------------------------------
