@@ -124,9 +124,20 @@ def _lookup(graph: Graph, trace, name="SyncTensorsGraph") -> CachedProgram:
         prog.hits += 1
         return prog
     metrics.counter_inc("UncachedCompile")
+    _keep_skeletons(trace)
     prog = _compile(graph, trace, name)
     cache.add(key, prog)
     return prog
+
+
+def _keep_skeletons(trace):
+    """A cached trace must not pin the step's buffers: keep the IR's structure only."""
+    from .ir import skeleton
+    memo = {}
+    for st in trace.steps:
+        if st.site == "tensors" and st.detail is not None:
+            uid, value = st.detail
+            st.detail = (uid, skeleton(value, memo))
 
 
 def _compile(graph: Graph, trace, name) -> CachedProgram:
@@ -181,8 +192,7 @@ def _flush_tracing():
     if TRACE_NS:
         samples = TRACE_NS[:]
         del TRACE_NS[:len(samples)]
-        for s in samples[-metrics.MAX_SAMPLES:]:
-            metrics.metric_add("LazyTracing", s, "time")
+        metrics.metric_add_many("LazyTracing", samples, "time")
 
 
 # ---------------------------------------------------------------------------------------

@@ -63,9 +63,10 @@ def _describe_root(detail):
         return ""
     uid, (node, idx) = detail
     from .ir import fmt_where
-    out = node.sig.outs[idx]
+    outs = node.outs if hasattr(node, "outs") else node.sig.outs
+    op = node.op
     w = f" at {fmt_where(node.where)}" if node.where else ""
-    return f"tensor {uid}: {node.sig.op} -> {out!r}{w}"
+    return f"tensor {uid}: {op} -> {outs[idx]!r}{w}"
 
 
 @dataclass

@@ -20,6 +20,8 @@ import threading
 
 import torch
 
+from hashlib import blake2b as _blake2b
+
 from .hashing import encode, fold
 
 DEVICE_DATA = "xla::device_data"
@@ -122,7 +124,7 @@ class Node:
         self.where = where
         self.data = data
         if operands:
-            h = fold(sig.hb, *[n.vh[i] for n, i in operands])
+            h = _blake2b(sig.hb + b"".join([n.vh[i] for n, i in operands]), digest_size=16).digest()
         else:
             h = sig.hb
         self.hash = h
@@ -187,7 +189,13 @@ def user_frame(depth: int = 2):
         f = _getframe(depth)
     except ValueError:
         return None
-    while f is not None and _is_internal(f.f_code):
+    cache = _internal_code
+    while f is not None:
+        r = cache.get(f.f_code)
+        if r is None:
+            r = _is_internal(f.f_code)
+        if not r:
+            break
         f = f.f_back
     if f is None:
         return None
@@ -209,6 +217,43 @@ def fmt_where(w) -> str:
     if not w:
         return "<unknown>"
     return f"{os.path.basename(w[0])}:{w[1]}"
+
+
+class Skeleton:
+    """A node's structure without its buffers: what diagnostics keep of an old graph."""
+
+    __slots__ = ("op", "outs", "hash", "where", "operands", "params")
+
+    def __init__(self, node, operands):
+        self.op = node.sig.op
+        self.outs = node.sig.outs
+        self.hash = node.hash
+        self.where = node.where
+        self.operands = operands
+        self.params = node.sig.template if node.data is None else None
+
+    @property
+    def is_data(self):
+        return self.params is None
+
+
+def skeleton(value, memo=None):
+    """Copy the DAG below an IR value as Skeletons (iterative; shares repeated nodes)."""
+    memo = {} if memo is None else memo
+    root, idx = value
+    stack = [root]
+    while stack:
+        n = stack[-1]
+        if id(n) in memo:
+            stack.pop()
+            continue
+        missing = [o for o, _ in n.operands if id(o) not in memo]
+        if missing:
+            stack.extend(missing)
+            continue
+        stack.pop()
+        memo[id(n)] = Skeleton(n, tuple((memo[id(o)], i) for o, i in n.operands))
+    return (memo[id(root)], idx)
 
 
 def post_order(roots):

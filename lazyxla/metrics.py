@@ -70,6 +70,22 @@ def metric_add(name, value, kind="value", timestamp_ns=None):
         m.samples.append((ts, value))
 
 
+def metric_add_many(name, values, kind="value"):
+    """Add several samples at once (one lock; the hot path batches per-op samples)."""
+    if not values:
+        return
+    ts = time.time_ns()
+    with _LOCK:
+        m = _METRICS.get(name)
+        if m is None:
+            if kind not in _FORMATTERS:
+                raise ValueError(f"unknown metric kind {kind!r}")
+            m = _METRICS[name] = _Metric(kind)
+        m.count += len(values)
+        m.acc += sum(values)
+        m.samples.extend((ts, v) for v in values)
+
+
 @contextlib.contextmanager
 def timed(name):
     t0 = now_ns()
