@@ -699,6 +699,17 @@ for _f in FACTORIES:
     _lib.impl(_f, _make_factory(_op), "PrivateUse1")
 
 
+# Recurrent layers: on a non-CPU device PyTorch's composite RNN picks fused cells that exist
+# only for CUDA; registered above autograd, PyTorch's own decompositions into plain ops run
+# instead (and autograd differentiates those).
+_autograd_lib = torch.library.Library("aten", "IMPL")
+for _name in ("lstm.input", "lstm.data", "gru.input", "gru.data", "rnn_tanh.input", "rnn_tanh.data",
+              "rnn_relu.input", "rnn_relu.data"):
+    _n, _, _o = _name.partition(".")
+    _op = getattr(getattr(aten, _n), _o)
+    _autograd_lib.impl(_name, lowering.DECOMPOSITIONS[_op], "AutogradPrivateUse1")
+
+
 def _pu1_fallback(keyset, op, *args, **kwargs):
     return _factory(op, args, kwargs)
 

@@ -28,9 +28,53 @@ from .ir import TensorMeta, data_leaf
 BACKEND = "lazyxla"
 
 
+class _DeviceModule:
+    """``torch.lazyxla``: what PyTorch asks of a backend (AMP dtypes, seeds, counts)."""
+
+    @staticmethod
+    def is_available():
+        return True
+
+    @staticmethod
+    def is_initialized():
+        return True
+
+    @staticmethod
+    def device_count():
+        return 1
+
+    @staticmethod
+    def current_device():
+        return 0
+
+    @staticmethod
+    def _is_in_bad_fork():
+        return False
+
+    @staticmethod
+    def get_amp_supported_dtype():
+        return [torch.bfloat16, torch.float16]
+
+    @staticmethod
+    def is_bf16_supported():
+        return True
+
+    @staticmethod
+    def manual_seed(seed):
+        from . import rng
+        rng.manual_seed(seed)
+
+    manual_seed_all = manual_seed
+
+    @staticmethod
+    def synchronize(device=None):
+        from .executor import wait_device_ops
+        wait_device_ops()
+
+
 def _register_backend():
     if torch._C._get_privateuse1_backend_name() != BACKEND:
-        _br._setup_privateuseone_for_python_backend(rename=BACKEND)
+        _br._setup_privateuseone_for_python_backend(rename=BACKEND, backend_module=_DeviceModule())
 
 
 _register_backend()
@@ -129,26 +173,28 @@ class LazyTensor(torch.Tensor):
         return self.cpu().numpy()
 
     def __reduce_ex__(self, proto):
-        # torch.save / deepcopy of a lazy tensor: its value, restored onto the lazy device.
+        # torch.save: the value (one value read) and where it goes back to; loadable with
+        # torch.load(weights_only=True) once lazyxla is imported.
         host = self.detach().cpu()
-        return (_restore, (host, self.requires_grad))
-
-    def __deepcopy__(self, memo):
-        if id(self) in memo:
-            return memo[id(self)]
-        from .executor import read_values
-        host = read_values([self])[0]
-        r = to_device(host)
-        r.requires_grad_(self.requires_grad)
-        memo[id(self)] = r
-        return r
+        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+                (host, self.dtype, str(self.device), self.requires_grad))
 
 
-def _restore(host, requires_grad):
-    t = to_device(host)
-    if requires_grad:
-        t.requires_grad_(True)
-    return t
+def _deepcopy(self, memo):
+    """copy.deepcopy: a recorded clone (new storage), with the tensor's Python attributes."""
+    import copy
+    if id(self) in memo:
+        return memo[id(self)]
+    with torch.no_grad():
+        r = self.clone()
+    r.requires_grad_(self.requires_grad)
+    for k, v in getattr(self, "__dict__", {}).items():
+        setattr(r, k, copy.deepcopy(v, memo))
+    memo[id(self)] = r
+    return r
+
+
+LazyTensor.__deepcopy__ = _deepcopy
 
 
 def value_of(t: LazyTensor):
