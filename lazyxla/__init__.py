@@ -14,6 +14,7 @@ from . import executor as _executor  # noqa: E402
 from . import rng as _rng  # noqa: E402
 from .dispatch import LazyXlaError  # noqa: E402
 from .executor import ExecutionError  # noqa: E402
+from . import autocast as _autocast  # noqa: E402,F401
 
 __all__ = ["device", "sync", "wait_device_ops", "manual_seed", "dump_hlo", "graph_hash",
            "LazyTensor", "LazyXlaError", "ExecutionError", "__version__"]

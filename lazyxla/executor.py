@@ -52,6 +52,10 @@ class Placeholder:
     def get(self):
         a = self._array
         if a is None:
+            err = self.future.exception()
+            if err is not None:
+                # a fresh exception: re-raising the stored one would pin the caller's frames
+                raise ExecutionError(str(err)) from None
             a = self._array = self.future.result()[self.index]
         return a
 
@@ -85,12 +89,17 @@ def wait_device_ops():
         if e is not None and first is None:
             first = e
     if first is not None:
-        raise first
+        raise ExecutionError(str(first)) from None
 
 
 # ---------------------------------------------------------------------------------------
 class Graph:
-    """What a lookup needs: roots, post-order, parameters and the parameter sequence."""
+    """What a lookup needs: roots, post-order, parameters and the parameter sequence.
+
+    The parameter sequence lists, for every use of a device-data leaf by an op node (op
+    nodes in post-order, operands in order), the index of the parameter it binds. Leaves
+    hash only shape and dtype, so this is what tells ``x - y + x`` from ``x - y + y``.
+    """
 
     __slots__ = ("roots", "post", "params", "sequence")
 
@@ -102,12 +111,14 @@ class Graph:
         for n in post:
             d = n.data
             if d is not None:
-                k = id(d)
-                i = index.get(k)
-                if i is None:
-                    i = index[k] = len(params)
+                if id(d) not in index:
+                    index[id(d)] = len(params)
                     params.append(n)
-                seq.append(i)
+                continue
+            for o, _ in n.operands:
+                od = o.data
+                if od is not None:
+                    seq.append(index[id(od)])
         self.params = params
         self.sequence = seq
 

@@ -50,10 +50,11 @@ def upload(host: torch.Tensor):
         host = host.cpu()
     if not host.is_contiguous():
         host = host.contiguous()
+    # a copy: the device value must not follow later writes to the host tensor
     if host.dtype == torch.bfloat16:
-        arr = host.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        arr = host.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
     else:
-        arr = host.numpy()
+        arr = host.numpy().copy()
     out = jax.device_put(arr, jax_device())
     metrics.metric_add("TransferToDeviceTime", metrics.now_ns() - t0, "time")
     metrics.metric_add("InboundData", arr.nbytes, "bytes")

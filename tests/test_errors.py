@@ -1,5 +1,6 @@
 """Bad input: failed programs surface at the next wait or read, naming the graph; the process
 stays usable. Mixed devices and shape errors name the op and the user's line."""
+import gc
 import inspect
 import os
 
@@ -41,6 +42,9 @@ def test_failed_execution_raises_at_wait_with_graph_hash_then_process_is_usable(
     msg = str(ei.value)
     assert key in msg and "bad value" in msg
     lazyxla.wait_device_ops()  # the error was reported once
+    with pytest.raises(lazyxla.ExecutionError, match=key):
+        y.cpu()  # y's value never came: reading it names the graph that failed
+    del y
     z = torch.arange(4, device=DEV) * 2
     assert z.tolist() == [0, 2, 4, 6]
 
@@ -50,6 +54,9 @@ def test_failed_execution_raises_at_value_read():
     y = torch.ops.lazyxla_test.boom(x)
     with pytest.raises(lazyxla.ExecutionError, match="bad value"):
         y.cpu()
+    # y is still pending (a read keeps IR): a sync would run its failing graph again
+    del y
+    gc.collect()  # the exception's traceback frames referenced y
     assert (torch.ones(2).to(DEV) + 1).cpu().tolist() == [2.0, 2.0]
 
 

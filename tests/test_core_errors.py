@@ -1,0 +1,197 @@
+"""Bad input and CPU fallbacks (SPEC R1.2, R1.7).
+
+User errors are raised where the user recorded the op, naming the op, the shapes or devices
+and the user's file:line. Ops with no lowering run on the CPU and are counted as aten::<op>.
+"""
+from __future__ import annotations
+
+import gc
+import inspect
+import itertools
+import os
+import re
+
+import pytest
+import torch
+
+import lazyxla
+import lazyxla.debug.metrics as met
+
+DEV = lazyxla.device()
+HERE = os.path.basename(__file__)
+_sizes = itertools.count(6101)
+
+
+def fresh() -> int:
+    return next(_sizes)
+
+
+def cnt(name):
+    return met.counter_value(name) or 0
+
+
+@pytest.fixture(autouse=True)
+def _nothing_pending():
+    gc.collect()
+    lazyxla.sync()
+    lazyxla.wait_device_ops()
+    yield
+
+
+def assert_names_line(msg, line):
+    assert re.search(rf"{re.escape(HERE)}(:|\", line ){line}\b", msg), \
+        f"expected {HERE}:{line} in the message: {msg!r}"
+
+
+# ---------------------------------------------------------------------------------------
+# Mixing devices.
+def test_lazy_plus_cpu_tensor_names_both_devices_and_the_user_line():
+    x = torch.ones(2, 3).to(DEV)
+    c = torch.ones(2, 3)
+    with pytest.raises(RuntimeError) as ei:
+        line = inspect.currentframe().f_lineno; x + c  # noqa: E702
+    msg = str(ei.value)
+    assert "lazyxla" in msg
+    assert "cpu" in msg
+    assert_names_line(msg, line)
+
+
+def test_cpu_tensor_in_other_position_also_raises():
+    x = torch.ones(4).to(DEV)
+    c = torch.arange(4.0)
+    with pytest.raises(RuntimeError) as ei:
+        line = inspect.currentframe().f_lineno; torch.mul(c, x)  # noqa: E702
+    msg = str(ei.value)
+    assert "lazyxla" in msg and "cpu" in msg
+    assert_names_line(msg, line)
+
+
+def test_device_mismatch_leaves_nothing_behind():
+    n = fresh()
+    h = torch.randn(n)
+    x = h.to(DEV)
+    with pytest.raises(RuntimeError):
+        x + torch.ones(n)
+    y = x * 2
+    lazyxla.sync()
+    torch.testing.assert_close(y.cpu(), h * 2)
+
+
+def test_zero_dim_cpu_tensor_mixes_in():
+    h = torch.randn(5)
+    x = h.to(DEV)
+    s = torch.tensor(2.5)
+    a = x + s
+    b = s * x
+    c = x / torch.tensor(4.0, dtype=torch.float64)  # a 0-dim tensor does not promote a dim>0 one
+    assert a.device == DEV and b.device == DEV and c.device == DEV
+    assert c.dtype == (h / torch.tensor(4.0, dtype=torch.float64)).dtype
+    lazyxla.sync()
+    torch.testing.assert_close(a.cpu(), h + 2.5)
+    torch.testing.assert_close(b.cpu(), 2.5 * h)
+    torch.testing.assert_close(c.cpu(), h / torch.tensor(4.0, dtype=torch.float64))
+
+
+def test_zero_dim_cpu_tensor_is_captured_by_value():
+    # Eager semantics: changing the CPU scalar tensor after the op does not change the result.
+    h = torch.randn(5)
+    x = h.to(DEV)
+    s = torch.tensor(2.0)
+    y = x * s
+    s.fill_(100.0)
+    lazyxla.sync()
+    torch.testing.assert_close(y.cpu(), h * 2.0)
+
+
+def test_copy_from_cpu_tensor_is_captured_by_value():
+    h = torch.randn(6)
+    x = torch.zeros(6).to(DEV)
+    x.copy_(h)
+    want = h.clone()
+    h.fill_(-3.0)
+    lazyxla.sync()
+    torch.testing.assert_close(x.cpu(), want)
+
+
+# ---------------------------------------------------------------------------------------
+# Shape errors at the recording line.
+def test_mm_shape_mismatch_raises_at_recording_line():
+    a = torch.ones(2, 3).to(DEV)
+    b = torch.ones(4, 5).to(DEV)
+    u = cnt("UncachedCompile") + cnt("CachedCompile")
+    with pytest.raises(RuntimeError) as ei:
+        line = inspect.currentframe().f_lineno; torch.mm(a, b)  # noqa: E702
+    msg = str(ei.value)
+    assert "mm" in msg
+    assert re.search(r"2(, ?| ?x ?)3", msg), msg
+    assert re.search(r"4(, ?| ?x ?)5", msg), msg
+    assert_names_line(msg, line)
+    # Raised while recording: nothing was compiled or looked up.
+    assert cnt("UncachedCompile") + cnt("CachedCompile") == u
+    # The same mistake again reports its own (new) line.
+    with pytest.raises(RuntimeError) as ei2:
+        line2 = inspect.currentframe().f_lineno; a @ b  # noqa: E702
+    assert line2 != line
+    assert_names_line(str(ei2.value), line2)
+    # And the device still works.
+    c = torch.mm(a, torch.ones(3, 5).to(DEV))
+    lazyxla.sync()
+    torch.testing.assert_close(c.cpu(), torch.full((2, 5), 3.0))
+
+
+def test_broadcast_mismatch_raises_at_recording_line():
+    a = torch.ones(3).to(DEV)
+    b = torch.ones(4).to(DEV)
+    with pytest.raises(RuntimeError) as ei:
+        line = inspect.currentframe().f_lineno; a + b  # noqa: E702
+    msg = str(ei.value)
+    assert "add" in msg
+    assert_names_line(msg, line)
+
+
+def test_pending_shape_error_does_not_wait_for_sync():
+    # The op on a pending (never-synced) tensor fails at once, not at the next sync.
+    x = torch.ones(2, 3, device=DEV) * 2
+    with pytest.raises(RuntimeError):
+        x.view(4, 2)
+    lazyxla.sync()
+    torch.testing.assert_close(x.cpu(), torch.full((2, 3), 2.0))
+
+
+# ---------------------------------------------------------------------------------------
+# CPU fallback (R1.7).
+def test_fallback_nonzero_gives_eager_result_and_counts():
+    h = torch.tensor([0.0, 1.5, 0.0, -2.0, 3.0, 0.0])
+    x = h.to(DEV)
+    pending = x * 2  # the input is pending IR: the fallback reads it
+    c0 = cnt("aten::nonzero")
+    nz = torch.nonzero(pending)
+    assert cnt("aten::nonzero") - c0 == 1
+    assert nz.device == DEV
+    assert nz.dtype == torch.int64
+    assert torch.equal(nz.cpu(), torch.nonzero(h * 2))
+    # The result is an ordinary lazy tensor: it takes part in later ops.
+    y = nz.sum() + 1
+    lazyxla.sync()
+    assert y.item() == torch.nonzero(h * 2).sum().item() + 1
+
+
+def test_fallback_tuple_result():
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(4, 7, generator=g)
+    x = h.to(DEV)
+    c0 = cnt("aten::kthvalue")
+    values, indices = torch.kthvalue(x, 3, dim=1)
+    assert cnt("aten::kthvalue") - c0 == 1
+    want_v, want_i = torch.kthvalue(h, 3, dim=1)
+    assert values.device == DEV and indices.device == DEV
+    torch.testing.assert_close(values.cpu(), want_v)
+    assert torch.equal(indices.cpu(), want_i)
+
+
+def test_fallback_counter_visible_in_short_report():
+    x = torch.tensor([1.0, 2.0, 2.0, 5.0]).to(DEV)
+    r = torch.histc(x, bins=4, min=0, max=8)
+    torch.testing.assert_close(r.cpu(), torch.histc(torch.tensor([1.0, 2.0, 2.0, 5.0]), bins=4, min=0, max=8))
+    assert met.counter_value("aten::histc") >= 1
+    assert "Counter: aten::histc\n" in met.short_metrics_report()
