@@ -120,7 +120,11 @@ def _key_of(func, info, args, kwargs, ops, where):
     key = [func]
     vp = info.value_pos
     for i, a in enumerate(args):
-        key.append(_key_item(a, i in vp, ops, info, where))
+        if type(a) is LazyTensor:  # the common case, inline
+            ops.append(a)
+            key.append(a._meta)
+        else:
+            key.append(_key_item(a, i in vp, ops, info, where))
     if kwargs:
         vk = info.value_kw
         for k, a in kwargs.items():
@@ -204,9 +208,10 @@ def _flat_tensors(x, out):
 class _Entry:
     """A cached signature: how to record a call with this key."""
 
-    __slots__ = ("sig", "mode", "scalar_dtypes", "const", "nops", "pattern")
+    __slots__ = ("sig", "mode", "scalar_dtypes", "const", "nops", "pattern", "returns")
 
     def __init__(self, sig, mode, scalar_dtypes=(), const=None, nops=0, pattern=None):
+        self.returns = _returns(sig.func) if sig is not None and sig.func is not None else "one"
         self.pattern = pattern  # for tuple results with None (undefined) outputs: tensor positions
         self.sig = sig
         self.mode = mode  # "node" | "decomp" | "fallback" | "const"
@@ -384,7 +389,7 @@ def _record(func, info, args, kwargs, t0=None):
     node = Node(sig, tuple(vals), user_frame(3))
     kind = info.kind
     if kind == "functional":
-        out = _wrap_outputs(node, sig)
+        out = _wrap_outputs(node, sig, entry.returns)
         if entry.pattern is not None:
             it = iter(out)
             out = tuple(next(it) if p else None for p in entry.pattern)
@@ -392,7 +397,7 @@ def _record(func, info, args, kwargs, t0=None):
         out = args[0]
         write(out, (node, 0))
     elif kind == "view":
-        out = _wrap_views(node, sig, args[0])
+        out = _wrap_views(node, sig, args[0], entry.returns)
     elif kind == "out":
         out = _write_out(node, sig, info, kwargs)
     else:
@@ -401,18 +406,15 @@ def _record(func, info, args, kwargs, t0=None):
     return out
 
 
-def _wrap_outputs(node, sig):
-    if sig.single:
+def _wrap_outputs(node, sig, returns="one"):
+    if returns == "one":
         m = sig.outs[0]
         return LazyTensor(Storage((node, 0), m), m)
-    res = tuple(LazyTensor(Storage((node, i), m), m) for i, m in enumerate(sig.outs))
-    f = sig.func
-    if f is not None and len(f._schema.returns) == 1:  # Tensor[] return
-        return list(res)
-    return res
+    res = [LazyTensor(Storage((node, i), m), m) for i, m in enumerate(sig.outs)]
+    return res if returns == "list" else tuple(res)
 
 
-def _wrap_views(node, sig, src):
+def _wrap_views(node, sig, src, returns):
     st = src._st
     base_chain = src._chain or ()
     res = []
@@ -421,9 +423,17 @@ def _wrap_views(node, sig, src):
         t._ir = (node, i)
         t._sv = st.version
         res.append(t)
-    if sig.single and len(sig.func._schema.returns) == 1 and not str(sig.func._schema.returns[0].type).startswith("List"):
+    if returns == "one":
         return res[0]
-    return res if str(sig.func._schema.returns[0].type).startswith("List") else tuple(res)
+    return res if returns == "list" else tuple(res)
+
+
+def _returns(func) -> str:
+    """How an op returns its tensors: "one", "list" (Tensor[]) or "tuple"."""
+    rs = func._schema.returns
+    if len(rs) == 1:
+        return "list" if str(rs[0].type).startswith("List") else "one"
+    return "tuple"
 
 
 def _write_out(node, sig, info, kwargs):

@@ -14,7 +14,8 @@ May touch: storages of live tensors, the compilation cache, the RNG state, metri
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import jax
 
@@ -36,7 +37,8 @@ class ExecutionError(RuntimeError):
 # Asynchronous execution (R4.4): one worker runs programs in order, so tracing the next step
 # overlaps the device running this one. Outputs are placeholders until the program is done.
 _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazyxla-exec")
-_inflight: list = []  # futures not yet waited on by wait_device_ops
+MAX_INFLIGHT = 4
+_inflight = deque()  # futures not yet waited on by wait_device_ops, oldest first
 
 
 class Placeholder:
@@ -81,8 +83,9 @@ def _run(executable, key, datas):
 
 def wait_device_ops():
     """Wait for every scheduled execution; raise the first failure since the last wait."""
-    futures = _inflight[:]
-    del _inflight[:len(futures)]
+    futures = list(_inflight)
+    for _ in futures:
+        _inflight.popleft()
     first = None
     for f in futures:
         e = f.exception()
@@ -187,13 +190,18 @@ def _describe_failure(what, trace, graph, e):
 
 
 def _execute(prog: CachedProgram, graph: Graph):
-    """Schedule the program; returns one Placeholder per root, at once."""
+    """Schedule the program; returns one Placeholder per root, at once.
+
+    At most ``MAX_INFLIGHT`` programs are queued or running (torch_xla's device lock allows
+    one): tracing the next steps overlaps running this one, and a runaway queue cannot
+    pin many steps' buffers.
+    """
+    if len(_inflight) >= MAX_INFLIGHT:
+        wait([_inflight[-MAX_INFLIGHT]])
     fut = _worker.submit(_run, prog.executable, prog.key, [p.data for p in graph.params])
     _inflight.append(fut)
-    if len(_inflight) > 64:
-        done = [f for f in _inflight if f.done() and f.exception() is None]
-        for f in done:
-            _inflight.remove(f)
+    while len(_inflight) > 64 and _inflight[0].done() and _inflight[0].exception() is None:
+        _inflight.popleft()  # finished cleanly: nothing left to report
     metrics.counter_inc("ExecuteComputation")
     return [Placeholder(fut, i) for i in range(prog.n_outputs)]
 

@@ -155,11 +155,11 @@ def compute(force_ltc_data: bool, roots, param_sequence, donated, auto_sharding=
     for vh, desc in roots:
         h = merge(h, vh)
         steps.append(Step("tensors", None, vh, h, desc))
-    ph = fold(b"params", encode(tuple(param_sequence)))
+    ph = fold(b"params", ",".join(map(str, param_sequence)).encode())
     h = merge(h, ph)
     steps.append(Step("parameters", f"parameter sequence {_short_list(param_sequence)}", ph, h, param_sequence))
     if donated:
-        dh = fold(b"donors", encode(tuple(sorted(donated))))
+        dh = fold(b"donors", ",".join(map(str, sorted(donated))).encode())
         h = merge(h, dh)
         steps.append(Step("donation", f"donated parameters {sorted(donated)}", dh, h, sorted(donated)))
     mesh = os.environ.get("XLA_AUTO_SPMD_MESH", "")

@@ -262,23 +262,25 @@ def post_order(roots):
     Operands are visited in reverse order (the last operand first), as torch's lazy core's
     iterative traversal does; the parameter sequence inherits that order.
     """
-    seen = set()
+    done = set()
     order = []
     for root, _ in roots:
-        if id(root) in seen:
+        if id(root) in done:
             continue
-        stack = [(root, False)]
+        stack = [root]
         while stack:
-            node, expanded = stack.pop()
+            node = stack[-1]
             nid = id(node)
-            if expanded:
-                order.append(node)
+            if nid in done:
+                stack.pop()
                 continue
-            if nid in seen:
-                continue
-            seen.add(nid)
-            stack.append((node, True))
+            pushed = False
             for opnd, _ in node.operands:
-                if id(opnd) not in seen:
-                    stack.append((opnd, False))
+                if id(opnd) not in done:
+                    stack.append(opnd)
+                    pushed = True
+            if not pushed:
+                stack.pop()
+                done.add(nid)
+                order.append(node)
     return order
