@@ -50,3 +50,23 @@ def graph_hash(tensors) -> str:
     if not isinstance(tensors, (list, tuple)):
         tensors = [tensors]
     return _executor.graph_key(tensors).hex
+
+
+def set_buffer_donation(tensor, should_donate: bool) -> bool:
+    """Mark the tensor's device buffer for donation at the next sync (R9.3).
+
+    Returns False when the tensor has no device buffer (pending IR). A donated buffer is
+    gone after that program runs; reading the tensor then raises, unless the program
+    also gave the tensor a new value.
+    """
+    from . import metrics
+    st = tensor._st
+    if st.data is None:
+        return False
+    st.donate = bool(should_donate)
+    metrics.counter_inc("XlaSetBufferDonation")
+    return True
+
+
+def get_buffer_donation(tensor) -> bool:
+    return bool(tensor._st.donate)

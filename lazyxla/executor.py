@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
 
+import os
+
 import jax
 
 from . import graph_hash, metrics, rng
@@ -26,6 +28,8 @@ from .lowering import build_program
 from .tensor import LazyTensor, live_tensors, value_of
 
 _now = metrics.now_ns
+# R9.2: XLA_ENABLE_PARAM_ALIASING=0 turns buffer donation off (read once).
+PARAM_ALIASING = os.environ.get("XLA_ENABLE_PARAM_ALIASING", "1").lower() not in ("0", "false", "")
 LAST_TRACE = None  # graph_hash.FoldTrace of the most recent cache lookup
 
 
@@ -63,7 +67,11 @@ class Placeholder:
 
 
 def resolve(d):
-    return d.get() if type(d) is Placeholder else d
+    a = d.get() if type(d) is Placeholder else d
+    if a.is_deleted():
+        raise ExecutionError("lazyxla: this tensor's device buffer was donated to a program "
+                             "(lazyxla.set_buffer_donation) and no longer exists")
+    return a
 
 
 def _run(executable, key, datas):
@@ -126,7 +134,27 @@ class Graph:
         self.sequence = seq
 
 
-def _lookup(graph: Graph, trace, name="SyncTensorsGraph") -> CachedProgram:
+def buffer_donors(graph: Graph, synced) -> tuple:
+    """R9: at a step barrier, the parameters whose storage is also an output of this
+    execution (in-place updates), plus buffers the user marked; sorted. Every live tensor
+    with pending IR is in this execution, so nothing else can still need those buffers."""
+    if not PARAM_ALIASING or auto_sharding():
+        return ()
+    synced_ids = {id(st) for st in synced}
+    donors = []
+    for i, leaf in enumerate(graph.params):
+        ref = leaf.owner
+        st = ref() if ref is not None else None
+        if st is not None and (id(st) in synced_ids or (st.donate and st.ir[0] is leaf)):
+            donors.append(i)
+    return tuple(donors)
+
+
+def auto_sharding() -> bool:
+    return False  # R12's auto-sharding is not implemented yet
+
+
+def _lookup(graph: Graph, trace, donors=(), name="SyncTensorsGraph") -> CachedProgram:
     global LAST_TRACE
     LAST_TRACE = trace
     cache = computation_cache()
@@ -139,7 +167,7 @@ def _lookup(graph: Graph, trace, name="SyncTensorsGraph") -> CachedProgram:
         return prog
     metrics.counter_inc("UncachedCompile")
     _keep_skeletons(trace)
-    prog = _compile(graph, trace, name)
+    prog = _compile(graph, trace, name, donors)
     cache.add(key, prog)
     return prog
 
@@ -154,13 +182,13 @@ def _keep_skeletons(trace):
             st.detail = (uid, skeleton(value, memo))
 
 
-def _compile(graph: Graph, trace, name) -> CachedProgram:
+def _compile(graph: Graph, trace, name, donors=()) -> CachedProgram:
     fn = build_program(graph.post, graph.roots, graph.params)
     fn.__name__ = name
     specs = _specs(graph)
     t0 = _now()
     try:
-        lowered = jax.jit(fn).lower(*specs)
+        lowered = jax.jit(fn, donate_argnums=donors).lower(*specs)
         compiled = lowered.compile()
     except Exception as e:
         raise ExecutionError(_describe_failure("compile", trace, graph, e)) from e
@@ -169,8 +197,9 @@ def _compile(graph: Graph, trace, name) -> CachedProgram:
     metrics.counter_inc("CreateCompileHandles")
     n_ops = sum(1 for n in graph.post if n.data is None)
     metrics.metric_add("TensorsGraphSize", n_ops)
-    metrics.metric_add("InputOutputAliasCount", 0)
-    return CachedProgram(compiled, trace.key, trace, len(graph.params), len(graph.roots), n_ops, dt)
+    metrics.metric_add("InputOutputAliasCount", len(donors))
+    return CachedProgram(compiled, trace.key, trace, len(graph.params), len(graph.roots), n_ops, dt,
+                         tuple(donors))
 
 
 def _specs(graph):
@@ -230,9 +259,10 @@ def sync(wait: bool = False):
             roots.append((t._uid, st.ir))
     if roots:
         graph = Graph([r for _, r in roots])
+        donors = buffer_donors(graph, storages)
         trace = graph_hash.compute(True, [(v[0].vh[v[1]], (uid, v)) for uid, v in roots],
-                                   graph.sequence, ())
-        prog = _lookup(graph, trace)
+                                   graph.sequence, donors)
+        prog = _lookup(graph, trace, donors)
         _debug_hook("sync", prog, graph)
         outs = _execute(prog, graph)
         for st, arr in zip(storages, outs):

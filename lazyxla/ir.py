@@ -116,13 +116,14 @@ class Slot:
 
 
 class Node:
-    __slots__ = ("sig", "operands", "hash", "vh", "where", "data", "__weakref__")
+    __slots__ = ("sig", "operands", "hash", "vh", "where", "data", "owner", "__weakref__")
 
-    def __init__(self, sig: OpSig, operands: tuple, where=None, data=None):
+    def __init__(self, sig: OpSig, operands: tuple, where=None, data=None, owner=None):
         self.sig = sig
         self.operands = operands
         self.where = where
         self.data = data
+        self.owner = owner  # device-data leaves: weakref to the storage the buffer belongs to
         if operands:
             h = _blake2b(sig.hb + b"".join([n.vh[i] for n, i in operands]), digest_size=16).digest()
         else:
@@ -156,9 +157,11 @@ def data_sig(meta: TensorMeta) -> OpSig:
     return s
 
 
-def data_leaf(array, meta: TensorMeta) -> Node:
-    """A device-data leaf bound to ``array`` (a jax.Array); hashes shape and dtype only."""
-    return Node(data_sig(meta), (), None, array)
+def data_leaf(array, meta: TensorMeta, owner=None) -> Node:
+    """A device-data leaf bound to ``array`` (a jax.Array); hashes shape and dtype only.
+    ``owner`` (a weakref to a storage) makes the buffer a donation candidate; scalars and
+    the RNG seed have none."""
+    return Node(data_sig(meta), (), None, array, owner)
 
 
 # ---------------------------------------------------------------------------------------

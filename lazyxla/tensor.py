@@ -95,7 +95,9 @@ class Storage:
 
     @staticmethod
     def of_data(array, meta):
-        return Storage((data_leaf(array, meta), 0), meta, array)
+        st = Storage(None, meta, array)
+        st.ir = (data_leaf(array, meta, _weakref(st)), 0)
+        return st
 
     def set_ir(self, value):
         self.ir = value
@@ -103,15 +105,17 @@ class Storage:
         self.version += 1
 
     def set_data(self, array):
-        self.ir = (data_leaf(array, self.meta), 0)
+        self.ir = (data_leaf(array, self.meta, _weakref(self)), 0)
         self.data = array
         self.version += 1
+        self.donate = False  # a user's donation mark belongs to the old buffer
 
     @property
     def pending(self):
         return self.data is None
 
 
+_weakref = weakref.ref
 _ids = itertools.count(1)
 LIVE: dict = {}  # unique id -> weakref to LazyTensor, in creation order
 
@@ -124,7 +128,6 @@ def _forget(uid):
 
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
-_weakref = weakref.ref
 _counter_inc = metrics.counter_inc
 
 
