@@ -15,6 +15,8 @@ from . import rng as _rng  # noqa: E402
 from .dispatch import LazyXlaError  # noqa: E402
 from .executor import ExecutionError  # noqa: E402
 from . import autocast as _autocast  # noqa: E402,F401
+from . import explain as _explain  # noqa: E402,F401  (registers the recompile observer)
+from . import debug_report as _debug_report  # noqa: E402,F401  (PT_XLA_DEBUG_LEVEL output)
 
 __all__ = ["device", "sync", "wait_device_ops", "manual_seed", "dump_hlo", "graph_hash",
            "LazyTensor", "LazyXlaError", "ExecutionError", "__version__"]

@@ -23,7 +23,7 @@ import jax
 
 from . import graph_hash, metrics, rng
 from .cache import CachedProgram, computation_cache
-from .ir import post_order, user_frames
+from .ir import post_order
 from .lowering import build_program
 from .tensor import LazyTensor, live_tensors, value_of
 
@@ -154,7 +154,8 @@ def auto_sharding() -> bool:
     return False  # R12's auto-sharding is not implemented yet
 
 
-def _lookup(graph: Graph, trace, donors=(), name="SyncTensorsGraph") -> CachedProgram:
+def _lookup(graph: Graph, trace, cause, donors=(), name="SyncTensorsGraph") -> CachedProgram:
+    """Find the program by its key, or compile and cache it; tell the observers."""
     global LAST_TRACE
     LAST_TRACE = trace
     cache = computation_cache()
@@ -164,11 +165,17 @@ def _lookup(graph: Graph, trace, donors=(), name="SyncTensorsGraph") -> CachedPr
         metrics.counter_inc("CachedCompile")
         metrics.metric_add("TensorsGraphSize", len(graph.post))
         prog.hits += 1
-        return prog
-    metrics.counter_inc("UncachedCompile")
-    _keep_skeletons(trace)
-    prog = _compile(graph, trace, name, donors)
-    cache.add(key, prog)
+        compiled = False
+    else:
+        metrics.counter_inc("UncachedCompile")
+        _keep_skeletons(trace)
+        for obs in OBSERVERS:
+            obs.before_compile(cause, trace, graph)
+        prog = _compile(graph, trace, name, donors)
+        cache.add(key, prog)
+        compiled = True
+    for obs in OBSERVERS:
+        obs.after_lookup(cause, prog, graph, compiled)
     return prog
 
 
@@ -262,13 +269,16 @@ def sync(wait: bool = False):
         donors = buffer_donors(graph, storages)
         trace = graph_hash.compute(True, [(v[0].vh[v[1]], (uid, v)) for uid, v in roots],
                                    graph.sequence, donors)
-        prog = _lookup(graph, trace, donors)
-        _debug_hook("sync", prog, graph)
+        prog = _lookup(graph, trace, "sync", donors)
         outs = _execute(prog, graph)
         for st, arr in zip(storages, outs):
             st.set_data(arr)
     rng.mark_step()
     metrics.counter_inc("MarkStep")
+    for obs in OBSERVERS:
+        step = getattr(obs, "after_step", None)
+        if step is not None:
+            step()
     if wait:
         wait_device_ops()
 
@@ -292,8 +302,7 @@ def read_values(tensors) -> list:
         graph = Graph([r for _, r in roots])
         trace = graph_hash.compute(False, [(v[0].vh[v[1]], (uid, v)) for uid, v in roots],
                                    graph.sequence, ())
-        prog = _lookup(graph, trace)
-        _debug_hook("read", prog, graph)
+        prog = _lookup(graph, trace, "read")
         outs = _execute(prog, graph)
         by_uid = {tensors[i]._uid: o for i, o in zip(uniq, outs)}
         for i in pending_idx:
@@ -332,13 +341,6 @@ def dump_hlo(tensors) -> str:
 
 
 # ---------------------------------------------------------------------------------------
-_DEBUG_HOOKS: list = []
-
-
-def _debug_hook(kind, prog, graph):
-    for h in _DEBUG_HOOKS:
-        h(kind, prog, graph)
-
-
-def python_frames(limit=8):
-    return user_frames(limit)
+# Observers of lookups (diagnostics): objects with before_compile(cause, trace, graph) and
+# after_lookup(cause, program, graph, compiled). cause is "sync" or "read".
+OBSERVERS: list = []

@@ -8,6 +8,14 @@ Reads executor state only.
 """
 
 
+def recompile_log():
+    """One record per uncached compile, in order: ``.site`` (the first merge of R3 that
+    differs from the closest earlier key, None for the first compile), ``.text``,
+    ``.hash``, ``.closest``, ``.compile_ms``, ``.where`` (file, line, function)."""
+    from .. import explain
+    return explain.recompile_log()
+
+
 def last_fold():
     """The fold trace (``graph_hash.FoldTrace``) of the latest cache lookup, or None."""
     from .. import executor

@@ -1,0 +1,104 @@
+"""torch_xla's debug output: ``PT_XLA_DEBUG_LEVEL`` compile and execution analysis.
+
+Level 1 prints a block for each compile, level 2 also for each execution: the cause (a
+user sync, or a value read), the graph's name, hash, number of inputs and outputs, and
+the user's Python frames. ``PT_XLA_DEBUG_FILE`` appends the blocks to a file instead of
+stderr; ``PT_XLA_DEBUG_MAX_FRAME`` (8) bounds the frames. ``PT_XLA_DEBUG=1`` alone means
+level 100. At every sync with a level above 0, torch_xla's performance warnings are
+printed when they apply (``pt-xla-profiler: CompileTime too frequent: ...`` after 10
+steps with more than 0.5 compiles per step). Environment read once at import.
+
+May touch: stderr or the debug file. Reads executor state.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from . import executor, metrics
+from .ir import user_frames
+
+
+def _level() -> int:
+    lvl = int(os.environ.get("PT_XLA_DEBUG_LEVEL", "-1") or -1)
+    if lvl == -1 and os.environ.get("PT_XLA_DEBUG", "0").lower() not in ("", "0", "false"):
+        lvl = 100
+    return lvl
+
+
+LEVEL = _level()
+FILE = os.environ.get("PT_XLA_DEBUG_FILE", "")
+MAX_FRAMES = int(os.environ.get("PT_XLA_DEBUG_MAX_FRAME", "8") or 8)
+RULE = "=" * 80
+DASH = "-" * 80
+
+CAUSES = {
+    "sync": "user lazyxla.sync",
+    "read": "most likely user code trying to access tensor value before lazyxla.sync",
+}
+
+
+def _emit(text: str):
+    if FILE:
+        with open(FILE, "a") as f:
+            f.write(text)
+    else:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+
+def block(prefix: str, kind: str, cause: str, key_hex: str, n_inputs: int, n_outputs: int, frames,
+          graph_name: str = "") -> str:
+    p = f"{prefix}: "
+    lines = ["", p + RULE, f"{p}{kind} Cause", f"{p}  {cause}", f"{p}Graph Info: "]
+    if graph_name:
+        lines.append(f"{p}  Graph Name: {graph_name}")
+    lines += [f"{p}  Graph Hash: {key_hex}", f"{p}  Number of Graph Inputs: {n_inputs}",
+              f"{p}  Number of Graph Outputs: {n_outputs}", f"{p}Python Frame Triggered Execution: "]
+    for fn, line, func in frames[:MAX_FRAMES]:
+        lines.append(f"{p}  {func} ({fn}:{line})")
+    if len(frames) > MAX_FRAMES:
+        lines.append(f"{p}  ..........")
+    lines += [p + DASH, p + RULE, ""]
+    return "\n".join(lines)
+
+
+def _post_compilation(prog) -> str:
+    try:
+        m = prog.executable.memory_analysis()
+        gb = lambda n: f"{n / 2 ** 30:.6f} GB"  # noqa: E731
+        parts = [("Graph input size", m.argument_size_in_bytes), ("Graph output size", m.output_size_in_bytes),
+                 ("Aliased Input size", m.alias_size_in_bytes), ("Intermediate tensor size", m.temp_size_in_bytes),
+                 ("Compiled program size", m.generated_code_size_in_bytes)]
+        body = "\n".join(f"Post Compilation Analysis: {k}: {gb(v)}" for k, v in parts)
+    except Exception:  # noqa: BLE001 - memory analysis is optional per backend
+        body = "Post Compilation Analysis: Graph input size: Unknown GB"
+    return f"\nComputation hash: {prog.key.hex()}\n{body}\n"
+
+
+class _Observer:
+    def before_compile(self, cause, trace, graph):
+        pass
+
+    def after_lookup(self, cause, prog, graph, compiled):
+        if LEVEL <= 0:
+            return
+        frames = user_frames(64)
+        if compiled:
+            _emit(block("Compilation Analysis", "Compilation", CAUSES[cause], prog.key.hex(), len(graph.params),
+                        len(graph.roots), frames))
+            _emit(_post_compilation(prog))
+        if LEVEL > 1:
+            _emit(block("Execution Analysis", "Execution", CAUSES[cause], prog.key.hex(), len(graph.params),
+                        len(graph.roots), frames))
+
+    def after_step(self):
+        if LEVEL <= 0:
+            return
+        lines = metrics.performance_report()
+        if lines:
+            _emit("\n".join(lines) + "\n")
+
+
+if LEVEL > 0:
+    executor.OBSERVERS.append(_Observer())

@@ -1,0 +1,263 @@
+"""Why did it recompile: each uncached compile compared with the closest earlier key.
+
+Every compiled key's fold trace is kept (with IR skeletons, no buffers). When a new key
+compiles, it is scored against *all* earlier ones (a difference in any merge site counts
+one, each differing tensor root one more), the closest wins (the latest on a tie), and the
+first merge site that differs from it, in R3's order, names the cause. For a tensor
+difference, both IRs are walked from the root down to the deepest first node that
+differs, and the record names its op, its old and new shape, dtype or constant, and the
+user's line that recorded it.
+
+``recompile_log()`` returns the records; ``LAZYXLA_EXPLAIN_RECOMPILES=1`` prints each one
+as it happens. May touch: its own history; reads executor traces.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+from . import executor
+from .graph_hash import SITES
+from .ir import fmt_where
+
+EXPLAIN = os.environ.get("LAZYXLA_EXPLAIN_RECOMPILES", "0").lower() not in ("", "0", "false")
+
+
+@dataclass
+class RecompileRecord:
+    index: int                 # 1 for the first uncached compile of the process
+    site: str | None           # first merge site that differs from the closest key; None: no earlier key
+    text: str                  # what changed, in words a user can act on
+    hash: str                  # the new key
+    closest: str | None        # the closest earlier key
+    compile_ns: int            # what the compile cost
+    cause: str                 # "sync" or "read"
+    where: tuple | None = None  # the user's line behind the first difference, if known
+    trace: object = field(default=None, repr=False)
+
+    @property
+    def compile_ms(self) -> float:
+        return self.compile_ns / 1e6
+
+    def __str__(self):
+        head = f"lazyxla recompile #{self.index} ({self.cause}, {self.compile_ms:.1f} ms): key {self.hash[:16]}"
+        if self.site is None:
+            return head + ": " + self.text
+        return f"{head}: {self.site} changed since key {self.closest[:16]}: {self.text}"
+
+
+_HISTORY: list = []   # fold traces of every compiled key, oldest first
+_LOG: list = []
+
+
+def recompile_log() -> list:
+    """One RecompileRecord per uncached compile, in order."""
+    return list(_LOG)
+
+
+def history() -> list:
+    return list(_HISTORY)
+
+
+def clear():
+    _HISTORY.clear()
+    _LOG.clear()
+
+
+# ---------------------------------------------------------------------------------------
+def _by_site(trace):
+    d = {s: [] for s in SITES}
+    for st in trace.steps:
+        d[st.site].append(st)
+    return d
+
+
+def distance(a, b) -> float:
+    """How far two fold traces are: one per differing site; for the tensors, each differing
+    root by how much it differs (see _root_distance), and one per missing or extra root."""
+    da, db = _by_site(a), _by_site(b)
+    n = 0
+    for site in SITES:
+        xa = [s.ingredient for s in da[site]]
+        xb = [s.ingredient for s in db[site]]
+        if site == "tensors":
+            n += sum(_root_distance(x, y) for x, y in zip(da[site], db[site])) + abs(len(xa) - len(xb))
+        elif xa != xb:
+            n += 1
+    return n
+
+
+def _root_distance(sa, sb) -> float:
+    """0 for equal roots; 0.5 for the same op and output (a change further down); 1 for the
+    same op with another output; 2 for another op: the tensors outweigh the other sites."""
+    if sa.ingredient == sb.ingredient:
+        return 0
+    try:
+        (ra, ia), (rb, ib) = sa.detail[1], sb.detail[1]
+    except (TypeError, AttributeError, IndexError):
+        return 2
+    if ra.op != rb.op:
+        return 2
+    return 0.5 if ra.outs[ia] == rb.outs[ib] else 1
+
+
+def first_site(a, b):
+    da, db = _by_site(a), _by_site(b)
+    for site in SITES:
+        if [s.ingredient for s in da[site]] != [s.ingredient for s in db[site]]:
+            return site
+    return None
+
+
+def closest(trace, candidates):
+    best, best_d = None, None
+    for old in candidates:
+        d = distance(trace, old)
+        if best_d is None or d <= best_d:
+            best, best_d = old, d
+    return best
+
+
+# ---------------------------------------------------------------------------------------
+def explain(new, old):
+    """(site, text, where) for a new trace against an old one."""
+    site = first_site(new, old)
+    dn, do = _by_site(new), _by_site(old)
+    if site == "force_ltc_data":
+        now = dn[site][0].summary
+        if "false" in now:
+            text = ("the same operations were compiled for a sync before; this is a value read (print, .item(), "
+                    ".cpu() of a pending tensor), which has force_ltc_data=false and so its own program. "
+                    "Read values after lazyxla.sync() to reuse the sync's program.")
+        else:
+            text = ("the same operations were compiled for a value read before (force_ltc_data=false); a sync "
+                    "(force_ltc_data=true) compiles its own program. Read values after lazyxla.sync() instead.")
+        return site, text, None
+    if site == "environment":
+        return site, (f"the compilation environment or build revisions changed: now {dn[site][0].summary}; "
+                      f"before {do[site][0].summary}"), None
+    if site == "tensors":
+        return ("tensors",) + _explain_tensors(dn["tensors"], do["tensors"])
+    if site == "parameters":
+        return site, (f"the same operations, but their inputs are bound differently: "
+                      f"{dn[site][0].summary}, before {do[site][0].summary[len('parameter sequence '):]}. "
+                      "An input used twice, or inputs passed in another order, changes the program."), None
+    if site == "donation":
+        now = dn[site][0].summary if dn[site] else "no donated parameters"
+        before = do[site][0].summary if do[site] else "no donated parameters"
+        return site, (f"the same graph, but other input buffers are donated: {now}, before {before}. "
+                      "In-place updates of inputs (weights, optimizer state) make their buffers donatable at a "
+                      "sync."), None
+    if site == "sharding":
+        return site, (f"the auto-sharding setting changed: {dn[site][0].summary}, before "
+                      f"{do[site][0].summary}"), None
+    return None, "identical key", None
+
+
+def _explain_tensors(new_steps, old_steps):
+    for i, (a, b) in enumerate(zip(new_steps, old_steps)):
+        if a.ingredient != b.ingredient:
+            uid, (ra, ia) = a.detail
+            _, (rb, ib) = b.detail
+            node_a, node_b, user = _first_difference(ra, rb)
+            what = _describe_difference(node_a, node_b)
+            w = user.where if user is not None else None
+            loc = f" at {fmt_where(w)}" if w else ""
+            root = f"pending tensor #{i + 1} ({ra.op} -> {ra.outs[ia]!r}"
+            root += f", recorded at {fmt_where(ra.where)})" if ra.where else ")"
+            text = f"{root}: first difference{loc}: {what}."
+            hint = _hint(node_a, node_b)
+            return (text + (" " + hint if hint else "")), w
+    if len(new_steps) > len(old_steps):
+        extra = new_steps[len(old_steps)]
+        uid, (r, i) = extra.detail
+        w = r.where
+        return (f"there are {len(new_steps)} pending tensors, before {len(old_steps)}: the new one is "
+                f"{r.op} -> {r.outs[i]!r}" + (f" recorded at {fmt_where(w)}" if w else "") +
+                ". A tensor still alive at the sync (e.g. kept for a debug print) becomes an output of the "
+                "program."), w
+    missing = old_steps[len(new_steps)]
+    _, (r, i) = missing.detail
+    return (f"there are {len(new_steps)} pending tensors, before {len(old_steps)}: {r.op} -> {r.outs[i]!r}"
+            + (f" (recorded at {fmt_where(r.where)})" if r.where else "") + " is no longer pending."), r.where
+
+
+def _first_difference(a, b):
+    """Walk two differing IRs from the root down to the deepest first node that differs,
+    following operands while the nodes are the same op; also return the nearest node on
+    the way that knows the user's line."""
+    user = a if a.where else None
+    while True:
+        if a.op != b.op or len(a.operands) != len(b.operands):
+            return a, b, user
+        nxt = _first_differing_operand(a, b)
+        if nxt is None:  # the node itself differs (its output or its parameters)
+            return a, b, user
+        a, b = nxt
+        if a.where:
+            user = a
+
+
+def _first_differing_operand(a, b):
+    for (oa, _), (ob, _) in zip(a.operands, b.operands):
+        if oa.hash != ob.hash:
+            return oa, ob
+    return None
+
+
+def _describe_difference(a, b):
+    if a.is_data and b.is_data:
+        return f"input device data {a.outs[0]!r}, before {b.outs[0]!r}"
+    if a.op != b.op:
+        return f"{a.op} -> {list(a.outs)}, before {b.op} -> {list(b.outs)}"
+    if a.outs != b.outs:
+        old = ", ".join(repr(m) for m in b.outs)
+        new = ", ".join(repr(m) for m in a.outs)
+        return f"{a.op} gives {new}, before {old}"
+    if a.params != b.params:
+        return f"{a.op} with {_params_text(a.params)}, before {_params_text(b.params)}"
+    return f"{a.op}: its inputs differ"
+
+
+def _params_text(template):
+    args, kwargs = template
+    parts = [repr(x) for x in args] + [f"{k}={v!r}" for k, v in kwargs]
+    return "(" + ", ".join(parts) + ")"
+
+
+def _hint(a, b):
+    if a.op == b.op and a.outs != b.outs:
+        sa, sb = [m.shape for m in a.outs], [m.shape for m in b.outs]
+        if sa != sb:
+            return ("A shape that changes between steps (batch size, sequence length) compiles a new program "
+                    "per shape: pad or bucket to a few fixed sizes.")
+        return "A dtype change compiles a new program."
+    if not a.is_data and a.op == b.op and a.params != b.params:
+        return "A Python constant that changes between steps is part of the graph; pass it as a tensor."
+    return ""
+
+
+# ---------------------------------------------------------------------------------------
+class _Observer:
+    def before_compile(self, cause, trace, graph):
+        pass
+
+    def after_lookup(self, cause, prog, graph, compiled):
+        if not compiled:
+            return
+        trace = prog.trace
+        if _HISTORY:
+            old = closest(trace, _HISTORY)
+            site, text, where = explain(trace, old)
+            rec = RecompileRecord(len(_LOG) + 1, site, text, trace.hex, old.hex, prog.compile_ns, cause, where, trace)
+        else:
+            rec = RecompileRecord(1, None, "first compile of the process: no earlier key to compare with",
+                                  trace.hex, None, prog.compile_ns, cause, None, trace)
+        _LOG.append(rec)
+        _HISTORY.append(trace)
+        if EXPLAIN:
+            print(str(rec), file=sys.stderr)
+
+
+executor.OBSERVERS.append(_Observer())

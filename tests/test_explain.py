@@ -1,0 +1,202 @@
+"""R15 / issue 5: every uncached compile after the first says why, and torch_xla's
+PT_XLA_DEBUG_LEVEL output."""
+import inspect
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+import lazyxla
+import lazyxla.debug as dbg
+
+DEV = lazyxla.device()
+HERE = os.path.basename(__file__)
+
+
+def new_records(fn):
+    n = len(dbg.recompile_log())
+    fn()
+    return dbg.recompile_log()[n:]
+
+
+def settle():
+    lazyxla.sync()
+    lazyxla.wait_device_ops()
+
+
+def test_batch_size_change_names_the_input_shapes_and_the_line():
+    w = torch.randn(29, 3).to(DEV)
+    settle()
+    lines = {}
+
+    def run():
+        for bs in (8, 8, 5):
+            x = torch.randn(bs, 29).to(DEV)
+            lines["mm"] = inspect.currentframe().f_lineno + 1
+            y = (x @ w).relu().sum()  # noqa: F841
+            lazyxla.sync()
+    recs = new_records(run)
+    assert len(recs) == 2  # bs 8 compiles once, bs 5 once more
+    r = recs[-1]
+    assert r.site == "tensors"
+    assert "f32[5, 29]" in r.text and "f32[8, 29]" in r.text
+    assert f"{HERE}:{lines['mm']}" in r.text
+    assert r.where[1] == lines["mm"]
+    assert r.closest == recs[0].hash and r.compile_ms > 0
+
+
+def test_sequence_length_change():
+    emb = torch.nn.Embedding(50, 6).to(DEV)
+    settle()
+
+    def run():
+        for T in (7, 9):
+            ids = torch.randint(0, 50, (2, T)).to(DEV)
+            emb.zero_grad()
+            emb(ids).mean().backward()
+            lazyxla.sync()
+    r = new_records(run)[-1]
+    assert r.site == "tensors" and "s64[2, 9]" in r.text and "s64[2, 7]" in r.text
+
+
+def test_value_read_then_sync_is_force_ltc_data():
+    a = torch.ones(31).to(DEV)
+    settle()
+
+    def run():
+        b = a * 3 + 2
+        print(b)  # a value read: compiles with force_ltc_data=false
+        lazyxla.sync()  # the same operations, force_ltc_data=true
+    recs = new_records(run)
+    assert recs[-1].site == "force_ltc_data"
+    assert "value read" in recs[-1].text
+
+
+def test_a_plus_b_then_a_plus_a_is_parameters():
+    a, b = torch.ones(33).to(DEV), torch.ones(33).to(DEV)
+    settle()
+
+    def run():
+        c = a + b  # noqa: F841
+        lazyxla.sync()
+        d = a + a  # noqa: F841
+        lazyxla.sync()
+    r = new_records(run)[-1]
+    assert r.site == "parameters" and "parameter sequence" in r.text
+
+
+def test_in_place_update_is_donation():
+    t = torch.ones(35).to(DEV)
+    settle()
+
+    def run():
+        u = t * 2  # noqa: F841  (t is not an output: nothing donated)
+        lazyxla.sync()
+        t.mul_(2)  # the same operation, but t is updated: its buffer is donated
+        lazyxla.sync()
+    r = new_records(run)[-1]
+    assert r.site == "donation"
+
+
+def test_plus_one_then_minus_one_names_both_ops():
+    a = torch.ones(37).to(DEV)
+    settle()
+
+    def run():
+        b = a + 1  # noqa: F841
+        lazyxla.sync()
+        c = a - 1  # noqa: F841
+        lazyxla.sync()
+    r = new_records(run)[-1]
+    assert r.site == "tensors" and "aten::sub" in r.text and "aten::add" in r.text
+
+
+def test_float32_then_bfloat16_names_the_dtypes():
+    settle()
+
+    def run():
+        for dt in (torch.float32, torch.bfloat16):
+            x = torch.ones(39, dtype=dt).to(DEV)
+            y = (x * x).sum()  # noqa: F841
+            lazyxla.sync()
+    r = new_records(run)[-1]
+    assert r.site == "tensors" and "bf16" in r.text and "f32" in r.text
+
+
+def test_debug_print_of_an_intermediate_that_stays_alive_adds_a_tensor():
+    w = torch.randn(41, 2).to(DEV)
+    settle()
+    kept = []
+
+    def run():
+        for step in range(2):
+            x = torch.ones(3, 41).to(DEV)
+            h = x @ w
+            loss = h.relu().sum()  # noqa: F841
+            if step == 1:
+                kept.append(h.mean())  # a debug value kept alive past the sync
+            lazyxla.sync()
+    r = new_records(run)[-1]
+    assert r.site == "tensors" and "aten::mean" in r.text and "pending tensors" in r.text
+
+
+def _run(code, env):
+    e = dict(os.environ, **env)
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=e,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_explain_env_prints_each_record(tmp_path):
+    code = """
+        import torch, lazyxla
+        d = lazyxla.device()
+        for n in (3, 4):
+            y = torch.ones(n).to(d) * 2
+            lazyxla.sync()
+    """
+    r = _run(code, {"LAZYXLA_EXPLAIN_RECOMPILES": "1"})
+    assert "lazyxla recompile #1" in r.stderr and "lazyxla recompile #2" in r.stderr
+    assert "tensors changed" in r.stderr
+
+
+def test_pt_xla_debug_level_blocks_and_file(tmp_path):
+    log = tmp_path / "debug.txt"
+    code = """
+        import torch, lazyxla
+        d = lazyxla.device()
+        a = torch.ones(3).to(d)
+        def step():
+            b = a * 2
+            lazyxla.sync()
+            return b
+        for _ in range(3):
+            step()
+        print((a + 5).sum().item())
+    """
+    _run(code, {"PT_XLA_DEBUG_LEVEL": "1", "PT_XLA_DEBUG_FILE": str(log)})
+    text = log.read_text()
+    assert text.count("Compilation Analysis: Compilation Cause") == 2
+    assert "user lazyxla.sync" in text
+    assert "most likely user code trying to access tensor value before lazyxla.sync" in text
+    assert "Execution Analysis" not in text  # level 1: compiles only
+    assert "Graph Hash: " in text and "Number of Graph Inputs: " in text and "  step (<string>:7)" in text
+    log.unlink()
+    _run(code, {"PT_XLA_DEBUG_LEVEL": "2", "PT_XLA_DEBUG_FILE": str(log)})
+    text = log.read_text()
+    assert text.count("Execution Analysis: Execution Cause") == 4  # 3 syncs + 1 read
+
+
+def test_compile_too_frequent_warning():
+    code = """
+        import torch, lazyxla
+        d = lazyxla.device()
+        for n in range(1, 14):
+            y = torch.ones(n).to(d) * 2
+            lazyxla.sync()
+    """
+    r = _run(code, {"PT_XLA_DEBUG_LEVEL": "1"})
+    assert "pt-xla-profiler: CompileTime too frequent: 11 counts during 11 steps" in r.stderr
