@@ -17,7 +17,9 @@ from __future__ import annotations
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
 
+import contextlib
 import os
+import threading
 
 import jax
 
@@ -30,6 +32,9 @@ from .tensor import LazyTensor, live_tensors, value_of
 _now = metrics.now_ns
 # R9.2: XLA_ENABLE_PARAM_ALIASING=0 turns buffer donation off (read once).
 PARAM_ALIASING = os.environ.get("XLA_ENABLE_PARAM_ALIASING", "1").lower() not in ("0", "false", "")
+# R11: at or above this many parameters the program takes one tuple parameter (read once;
+# torch_xla's spelling of the variable).
+WRAP_THRESHOLD = int(os.environ.get("XLA_PARAMETER_WRAPPING_THREADSHOLD", "3200"))
 LAST_TRACE = None  # graph_hash.FoldTrace of the most recent cache lookup
 
 
@@ -193,10 +198,12 @@ def _compile(graph: Graph, trace, name, donors=()) -> CachedProgram:
     fn = build_program(graph.post, graph.roots, graph.params)
     fn.__name__ = name
     specs = _specs(graph)
+    wrap = len(specs) >= WRAP_THRESHOLD and not auto_sharding()
     t0 = _now()
     try:
-        lowered = jax.jit(fn, donate_argnums=donors).lower(*specs)
-        compiled = lowered.compile()
+        with _tupled_parameters(wrap):
+            lowered = jax.jit(fn, donate_argnums=donors).lower(*specs)
+            compiled = lowered.compile()
     except Exception as e:
         raise ExecutionError(_describe_failure("compile", trace, graph, e)) from e
     dt = _now() - t0
@@ -207,6 +214,27 @@ def _compile(graph: Graph, trace, name, donors=()) -> CachedProgram:
     metrics.metric_add("InputOutputAliasCount", len(donors))
     return CachedProgram(compiled, trace.key, trace, len(graph.params), len(graph.roots), n_ops, dt,
                          tuple(donors))
+
+
+@contextlib.contextmanager
+def _tupled_parameters(on: bool):
+    """R11: JAX tuples a program's parameters (XLA's parameter_is_tupled_arguments) when its
+    dispatch.should_tuple_args says so; lazyxla says so above the wrapping threshold. The
+    runtime still passes the flat argument list."""
+    if not on:
+        yield
+        return
+    from jax._src import dispatch as jax_dispatch
+    with _WRAP_LOCK:
+        orig = jax_dispatch.should_tuple_args
+        jax_dispatch.should_tuple_args = lambda num_args, platform: True
+        try:
+            yield
+        finally:
+            jax_dispatch.should_tuple_args = orig
+
+
+_WRAP_LOCK = threading.Lock()
 
 
 def _specs(graph):

@@ -49,6 +49,7 @@ class RecompileRecord:
 
 _HISTORY: list = []   # fold traces of every compiled key, oldest first
 _LOG: list = []
+_USES: dict = {}      # key hex -> [lookups, compile ns, cause of the compile]
 
 
 def recompile_log() -> list:
@@ -63,6 +64,49 @@ def history() -> list:
 def clear():
     _HISTORY.clear()
     _LOG.clear()
+    _USES.clear()
+
+
+def export() -> dict:
+    """Everything the fold page shows, as plain JSON-able data: every compiled key with its
+    uses, compile cost and fold (each merge: site, summary, ingredient, digest; a tensor
+    merge also carries its IR as a node list with the user's lines), and the records."""
+    keys = []
+    for tr in _HISTORY:
+        uses, ns, cause = _USES.get(tr.hex, [0, 0, ""])
+        steps = []
+        for st in tr.steps:
+            d = st.as_dict()
+            if st.site == "tensors" and st.detail is not None:
+                d["ir"] = _ir_table(st.detail[1])
+            steps.append(d)
+        keys.append({"hash": tr.hex, "uses": uses, "compile_ms": ns / 1e6, "cause": cause, "steps": steps})
+    recs = [{"index": r.index, "site": r.site, "text": r.text, "hash": r.hash, "closest": r.closest,
+             "compile_ms": r.compile_ms, "where": list(r.where) if r.where else None} for r in _LOG]
+    return {"keys": keys, "records": recs, "sites": list(SITES)}
+
+
+def _ir_table(value):
+    """The IR below a root as a list, operands first: {id, op, outs, where, operands, hash}."""
+    root, idx = value
+    order, index = [], {}
+    stack = [root]
+    while stack:
+        n = stack[-1]
+        if id(n) in index:
+            stack.pop()
+            continue
+        pend = [o for o, _ in n.operands if id(o) not in index]
+        if pend:
+            stack.extend(reversed(pend))
+            continue
+        stack.pop()
+        index[id(n)] = len(order)
+        order.append({"id": len(order), "op": n.op, "outs": [repr(m) for m in n.outs],
+                      "where": fmt_where(n.where) if n.where else None, "hash": n.hash.hex(),
+                      "params": None if n.is_data else _params_text(n.params),
+                      "operands": [index[id(o)] for o, _ in n.operands]})
+    return {"nodes": order, "root": index[id(root)], "output": idx}
 
 
 # ---------------------------------------------------------------------------------------
@@ -244,6 +288,10 @@ class _Observer:
         pass
 
     def after_lookup(self, cause, prog, graph, compiled):
+        use = _USES.get(prog.key.hex())
+        if use is None:
+            use = _USES[prog.key.hex()] = [0, prog.compile_ns, cause]
+        use[0] += 1
         if not compiled:
             return
         trace = prog.trace
