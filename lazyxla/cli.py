@@ -26,9 +26,28 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _from(module: str, name: str):
+    """A function that imports ``lazyxla.<module>`` only when called (keeps --help fast)."""
+    def call(arg):
+        import importlib
+        return getattr(importlib.import_module(f"lazyxla.{module}"), name)(arg)
+    return call
+
+
+def _coverage_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--verify", action="store_true", help="run each op on its OpInfo samples against eager CPU (slow)")
+    p.add_argument("--markdown", metavar="FILE", help="also write the table to FILE")
+
+
 SUBCOMMANDS = {
     "demo": (_demo_arguments, _demo,
              "train a small CNN on scikit-learn's digits and report the compilation counts"),
+    "explain": (_from("fold_page", "explain_arguments"), _from("fold_page", "explain_command"),
+                "run SCRIPT [ARGS...] and write its fold page (-o PAGE): every compiled key, folded in R3's order"),
+    "cache": (_from("persistent_cache", "cli_arguments"), _from("persistent_cache", "cli"),
+              "list (ls), summarize (stats) or empty (clear) a persistent compilation cache"),
+    "coverage": (_coverage_arguments, _from("coverage", "run"),
+                 "list PyTorch's core ATen ops: lowered, composite, decomposed or CPU fallback"),
 }
 
 

@@ -16,12 +16,18 @@ test batch to the batch size and masks it, so evaluation compiles one program.
 first epoch to the end of training (evaluation's own program is not training's and is
 reported separately as ``eval_uncached_compiles``).
 
+It ends by writing the fold page of its run (``lazyxla.fold_page``: every compiled key, its
+uses and cost, folded in R3's order, and why each recompile happened) and prints its path:
+``fold_path``, by default ``lazyxla-demo-fold.html`` in the temporary directory.
+
 Usage: ``python -m lazyxla demo [--epochs N] [--batch-size B] [--quiet]`` or
-``lazyxla.demo.run(epochs=4, batch_size=64, quiet=False)``; ``quiet`` turns the progress
-bars off, the per-epoch lines and the summary are always printed.
+``lazyxla.demo.run(epochs=4, batch_size=64, quiet=False, fold_path=None)``; ``quiet`` turns
+the progress bars off, the per-epoch lines and the summary are always printed.
 """
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 
 import numpy as np
@@ -87,8 +93,8 @@ def _evaluate(model, x_te, y_te, batch_size, dev):
     return correct.item() / n
 
 
-def run(epochs: int = 4, batch_size: int = 64, quiet: bool = False) -> dict:
-    """Train, evaluate, print a compile summary; return the numbers as a dict."""
+def run(epochs: int = 4, batch_size: int = 64, quiet: bool = False, fold_path: str | None = None) -> dict:
+    """Train, evaluate, print a compile summary, write the fold page; return the numbers as a dict."""
     from tqdm import tqdm
 
     t_start = time.perf_counter()
@@ -156,6 +162,10 @@ def run(epochs: int = 4, batch_size: int = 64, quiet: bool = False) -> dict:
               f"at the end of epoch 1, {u_train - u0} at the end of training "
               f"(+{compiles_after_first}).")
     print(f"total time {seconds:.1f} s")
+    from . import explain, fold_page
+    fold_path = fold_path or os.path.join(tempfile.gettempdir(), "lazyxla-demo-fold.html")
+    fold_page.write(fold_path, explain.export())
+    print(f"fold page: {os.path.abspath(fold_path)}")
     return {
         "test_accuracy": accuracy,
         "uncached_compiles": u - u0,
@@ -165,4 +175,5 @@ def run(epochs: int = 4, batch_size: int = 64, quiet: bool = False) -> dict:
         "compile_seconds": compile_s,
         "epoch_losses": epoch_losses,
         "seconds": seconds,
+        "fold_page": os.path.abspath(fold_path),
     }

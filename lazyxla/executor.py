@@ -23,7 +23,7 @@ import threading
 
 import jax
 
-from . import graph_hash, metrics, rng
+from . import graph_hash, metrics, persistent_cache, rng
 from .cache import CachedProgram, computation_cache
 from .ir import post_order
 from .lowering import build_program
@@ -172,16 +172,41 @@ def _lookup(graph: Graph, trace, cause, donors=(), name="SyncTensorsGraph") -> C
         prog.hits += 1
         compiled = False
     else:
-        metrics.counter_inc("UncachedCompile")
         _keep_skeletons(trace)
-        for obs in OBSERVERS:
-            obs.before_compile(cause, trace, graph)
-        prog = _compile(graph, trace, name, donors)
+        prog = _load_persistent(graph, trace, donors)
+        if prog is not None:  # torch_xla: a persistent hit fills memory and counts CachedCompile
+            metrics.counter_inc("CachedCompile")
+            metrics.metric_add("TensorsGraphSize", prog.graph_size)
+            compiled = False
+        else:
+            metrics.counter_inc("UncachedCompile")
+            for obs in OBSERVERS:
+                obs.before_compile(cause, trace, graph)
+            prog = _compile(graph, trace, name, donors)
+            _store_persistent(prog, name)
+            compiled = True
         cache.add(key, prog)
-        compiled = True
     for obs in OBSERVERS:
         obs.after_lookup(cause, prog, graph, compiled)
     return prog
+
+
+def _load_persistent(graph, trace, donors):
+    pcache = persistent_cache.get_cache()
+    if pcache is None:
+        return None
+    fn = pcache.load(trace.key, _specs(graph), len(graph.roots))
+    if fn is None:
+        return None
+    n_ops = sum(1 for n in graph.post if n.data is None)
+    return CachedProgram(fn, trace.key, trace, len(graph.params), len(graph.roots), n_ops, 0, tuple(donors),
+                         extra={"persistent": True})
+
+
+def _store_persistent(prog, name):
+    pcache = persistent_cache.get_cache()
+    if pcache is not None:
+        pcache.store(prog.key, prog.executable, {"name": name, "fold": [s.as_dict() for s in prog.trace.steps]})
 
 
 def _keep_skeletons(trace):

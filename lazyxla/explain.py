@@ -201,6 +201,8 @@ def explain(new, old):
 
 def _explain_tensors(new_steps, old_steps):
     for i, (a, b) in enumerate(zip(new_steps, old_steps)):
+        if a.ingredient != b.ingredient and (a.detail is None or b.detail is None):
+            return f"pending tensor #{i + 1} changed: {a.summary}, before {b.summary}.", None
         if a.ingredient != b.ingredient:
             uid, (ra, ia) = a.detail
             _, (rb, ib) = b.detail
@@ -215,6 +217,8 @@ def _explain_tensors(new_steps, old_steps):
             return (text + (" " + hint if hint else "")), w
     if len(new_steps) > len(old_steps):
         extra = new_steps[len(old_steps)]
+        if extra.detail is None:
+            return f"a pending tensor more than before: {extra.summary}.", None
         uid, (r, i) = extra.detail
         w = r.where
         return (f"there are {len(new_steps)} pending tensors, before {len(old_steps)}: the new one is "
@@ -222,6 +226,8 @@ def _explain_tensors(new_steps, old_steps):
                 ". A tensor still alive at the sync (e.g. kept for a debug print) becomes an output of the "
                 "program."), w
     missing = old_steps[len(new_steps)]
+    if missing.detail is None:
+        return f"a pending tensor less than before: {missing.summary} is gone.", None
     _, (r, i) = missing.detail
     return (f"there are {len(new_steps)} pending tensors, before {len(old_steps)}: {r.op} -> {r.outs[i]!r}"
             + (f" (recorded at {fmt_where(r.where)})" if r.where else "") + " is no longer pending."), r.where
@@ -283,9 +289,33 @@ def _hint(a, b):
 
 
 # ---------------------------------------------------------------------------------------
+_DISK: list | None = None  # fold traces of programs other processes stored in the persistent cache
+
+
+def _disk_history():
+    """Keys compiled by other processes sharing the persistent cache (their folds, no IR)."""
+    global _DISK
+    if _DISK is None:
+        _DISK = []
+        from . import persistent_cache
+        from .graph_hash import FoldTrace, Step
+        pc = persistent_cache.get_cache()
+        for e in (pc.entries() if pc is not None else []):
+            fold = e.get("fold")
+            if not fold:
+                continue
+            try:
+                steps = [Step(d["site"], d["summary"], bytes.fromhex(d["ingredient"]), bytes.fromhex(d["digest"]))
+                         for d in fold]
+            except (KeyError, TypeError, ValueError):
+                continue
+            _DISK.append(FoldTrace(steps))
+    return _DISK
+
+
 class _Observer:
     def before_compile(self, cause, trace, graph):
-        pass
+        _disk_history()  # read other processes' keys before this one is stored
 
     def after_lookup(self, cause, prog, graph, compiled):
         use = _USES.get(prog.key.hex())
@@ -295,8 +325,9 @@ class _Observer:
         if not compiled:
             return
         trace = prog.trace
-        if _HISTORY:
-            old = closest(trace, _HISTORY)
+        earlier = [t for t in _disk_history() + _HISTORY if t.key != trace.key]
+        if earlier:
+            old = closest(trace, earlier)
             site, text, where = explain(trace, old)
             rec = RecompileRecord(len(_LOG) + 1, site, text, trace.hex, old.hex, prog.compile_ns, cause, where, trace)
         else:

@@ -85,3 +85,6 @@ def scalar_array(value, dtype: torch.dtype):
     out = jax.device_put(np.asarray(value, dtype=np.dtype(jnp_dtype(dtype))), jax_device())
     metrics.metric_add("TransferToDeviceTime", metrics.now_ns() - t0, "time")
     return out
+
+
+from .persistent_cache import initialize_cache  # noqa: E402,F401  (torch_xla's xr.initialize_cache)

@@ -18,6 +18,7 @@ def test_demo_learns_and_stops_compiling():
     assert r["compiles_after_first_epoch"] == 0, r
     assert len(r["epoch_losses"]) == 2
     assert r["epoch_losses"][1] < r["epoch_losses"][0], r
+    assert os.path.getsize(r["fold_page"]) > 0, r  # it ends by writing its fold page
 
 
 def test_cli_demo_subprocess():
@@ -28,3 +29,4 @@ def test_cli_demo_subprocess():
     assert p.returncode == 0, out
     assert "test accuracy" in out, out
     assert "UncachedCompile" in out, out
+    assert "fold page: " in out, out
