@@ -46,7 +46,7 @@ class ExecutionError(RuntimeError):
 # Asynchronous execution (R4.4): one worker runs programs in order, so tracing the next step
 # overlaps the device running this one. Outputs are placeholders until the program is done.
 _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazyxla-exec")
-MAX_INFLIGHT = 4
+MAX_INFLIGHT = 2
 _inflight = deque()  # futures not yet waited on by wait_device_ops, oldest first
 
 
@@ -171,6 +171,7 @@ def _lookup(graph: Graph, trace, cause, donors=(), name="SyncTensorsGraph") -> C
         metrics.metric_add("TensorsGraphSize", len(graph.post))
         prog.hits += 1
         compiled = False
+        _borrow_skeletons(trace, prog.trace)
     else:
         _keep_skeletons(trace)
         prog = _load_persistent(graph, trace, donors)
@@ -207,6 +208,16 @@ def _store_persistent(prog, name):
     pcache = persistent_cache.get_cache()
     if pcache is not None:
         pcache.store(prog.key, prog.executable, {"name": name, "fold": [s.as_dict() for s in prog.trace.steps]})
+
+
+def _borrow_skeletons(trace, cached):
+    """A hit has the cached program's key, so the cached trace's IR skeletons describe this
+    graph too: use them, and the kept trace pins none of this step's buffers."""
+    old = [st for st in cached.steps if st.site == "tensors"]
+    new = [st for st in trace.steps if st.site == "tensors"]
+    for st, o in zip(new, old):
+        if st.detail is not None and o.detail is not None:
+            st.detail = (st.detail[0], o.detail[1])
 
 
 def _keep_skeletons(trace):
@@ -288,9 +299,9 @@ def _execute(prog: CachedProgram, graph: Graph):
     if len(_inflight) >= MAX_INFLIGHT:
         wait([_inflight[-MAX_INFLIGHT]])
     fut = _worker.submit(_run, prog.executable, prog.key, [p.data for p in graph.params])
+    while _inflight and _inflight[0].done() and _inflight[0].exception() is None:
+        _inflight.popleft()  # finished cleanly: nothing to report, and its outputs are not pinned
     _inflight.append(fut)
-    while len(_inflight) > 64 and _inflight[0].done() and _inflight[0].exception() is None:
-        _inflight.popleft()  # finished cleanly: nothing left to report
     metrics.counter_inc("ExecuteComputation")
     return [Placeholder(fut, i) for i in range(prog.n_outputs)]
 
