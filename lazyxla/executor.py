@@ -65,6 +65,10 @@ class Placeholder:
         if a is None:
             err = self.future.exception()
             if err is not None:
+                try:  # reported here: the next wait_device_ops() does not report it again
+                    _inflight.remove(self.future)
+                except ValueError:
+                    pass
                 # a fresh exception: re-raising the stored one would pin the caller's frames
                 raise ExecutionError(str(err)) from None
             a = self._array = self.future.result()[self.index]
