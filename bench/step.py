@@ -1,9 +1,9 @@
 """Warm training step: lazyxla against the same model written in jax.jit and PyTorch eager.
 
 MLP 784-512-512-10, batch 128, SGD with momentum 0.9, cross-entropy. Prints ms per step for
-each system and the ratios, all measured in this one run. ``--explain`` turns on
-LAZYXLA_EXPLAIN_RECOMPILES in a second lazyxla run and reports that ratio too.
-Usage: python bench/step.py [--steps N] [--repeats R]
+each system and the ratios, all measured in this one run. ``--explain`` adds a lazyxla run
+with LAZYXLA_EXPLAIN_RECOMPILES on and reports that ratio too.
+Usage: python bench/step.py [--steps N] [--repeats R] [--explain]
 """
 from __future__ import annotations
 
@@ -70,6 +70,16 @@ def bench_lazyxla(n):
     return time_loop(step, n, lazyxla.wait_device_ops)
 
 
+def bench_lazyxla_explaining(n):
+    from lazyxla import explain
+    old = explain.EXPLAIN
+    explain.EXPLAIN = True  # what LAZYXLA_EXPLAIN_RECOMPILES=1 sets at import
+    try:
+        return bench_lazyxla(n)
+    finally:
+        explain.EXPLAIN = old
+
+
 def bench_jax(n):
     import jax
     import jax.numpy as jnp
@@ -112,9 +122,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--explain", action="store_true",
+                    help="also run lazyxla with LAZYXLA_EXPLAIN_RECOMPILES on and report that ratio")
     args = ap.parse_args(argv)
     results = {"jax.jit": [], "lazyxla": [], "eager": []}
     fns = {"jax.jit": bench_jax, "lazyxla": bench_lazyxla, "eager": bench_eager}
+    if args.explain:
+        results["lazyxla+explain"] = []
+        fns["lazyxla+explain"] = bench_lazyxla_explaining
     for _ in range(args.repeats):  # interleaved, so drift hits all three alike
         for k, f in fns.items():
             results[k].append(f(args.steps))
@@ -123,6 +138,9 @@ def main(argv=None):
         print(f"{k:8s} {v:7.3f} ms/step  (runs: {', '.join(f'{x:.3f}' for x in results[k])})")
     print(f"ratio lazyxla/jax.jit = {med['lazyxla'] / med['jax.jit']:.3f}")
     print(f"ratio lazyxla/eager   = {med['lazyxla'] / med['eager']:.3f}")
+    if args.explain:
+        print(f"ratio lazyxla with/without LAZYXLA_EXPLAIN_RECOMPILES = "
+              f"{med['lazyxla+explain'] / med['lazyxla']:.3f}")
     import lazyxla.debug.metrics as met
     print(f"lazyxla compiles: UncachedCompile={met.counter_value('UncachedCompile')}, "
           f"CachedCompile={met.counter_value('CachedCompile')}")
