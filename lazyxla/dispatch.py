@@ -231,15 +231,19 @@ def _new_entry(func, info, args, kwargs, where) -> _Entry:
     call = target if target is not None else func
     try:
         mout = call(*margs, **mkw)
-    except (NotImplementedError, torch._subclasses.fake_tensor.DynamicOutputShapeException) as e:
-        if low is None:
-            return _Entry(None, "fallback")
-        raise LazyXlaError(f"{info.name}: lazyxla cannot infer the output shape ({e}) at {fmt_where(where)}") from e
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - sorted into fallback or a user error below
         msg = str(e).split("\n")[0]
-        if "meta" in msg.lower() and ("not implemented" in msg.lower() or "dynamic" in msg.lower()
-                                      or "data-dependent" in msg.lower() or "nonzero" in msg.lower()):
+        low_msg = msg.lower()
+        data_dependent = isinstance(e, torch._subclasses.fake_tensor.DynamicOutputShapeException) or any(
+            w in low_msg for w in ("data-dependent", "data dependent", "nonzero", "dynamic output shape"))
+        no_meta = isinstance(e, NotImplementedError) or ("meta" in low_msg and "not implemented" in low_msg)
+        if data_dependent or (no_meta and low is None):
+            # an output shape that depends on the values (boolean masks, nonzero, unique):
+            # the CPU computes it (R1.7)
             return _Entry(None, "fallback")
+        if no_meta:
+            raise LazyXlaError(f"{info.name}: lazyxla cannot infer the output shape ({msg}) "
+                               f"at {fmt_where(where)}") from None
         shapes = ", ".join(_describe(a) for a in args if isinstance(a, torch.Tensor)
                            or isinstance(a, (list, tuple)))
         raise LazyXlaError(f"{info.name}({shapes}): {msg} at {fmt_where(where)}") from None
@@ -641,6 +645,15 @@ def _lift(func, args, kwargs):
     return args[0]
 
 
+def _resize(func, args, kwargs):
+    t, size = args[0], tuple(args[1])
+    if size == tuple(t.shape):
+        return t
+    raise LazyXlaError(f"{_info(func).name}: a lazyxla tensor cannot change its shape in place "
+                       f"({list(t.shape)} -> {list(size)}) at {fmt_where(user_frame(1))}; "
+                       "make a new tensor instead (e.g. t.new_empty(size) or t.reshape(size))")
+
+
 def _foreach(func, args, kwargs):
     """``_foreach_<op>[_]``: the same op on each element of the lists, recorded one by one."""
     name = func._schema.name.split("::")[1][len("_foreach_"):]
@@ -666,6 +679,7 @@ SPECIAL = {
     aten._to_copy.default: _to_copy,
     aten.copy_.default: _copy_,
     aten.lift_fresh.default: _lift,
+    aten.resize_.default: _resize,
 }
 
 

@@ -200,6 +200,6 @@ def _is_identity_view(vsig):
     return vsig.op in ("aten::view", "aten::_unsafe_view", "aten::alias", "aten::reshape")
 
 
-from . import elementwise, reduce, shape, factory, random, nn  # noqa: E402,F401
+from . import elementwise, reduce, shape, factory, random, nn, more  # noqa: E402,F401
 
 _load_decompositions()
