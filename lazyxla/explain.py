@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from . import executor
 from .graph_hash import SITES
-from .ir import fmt_where
+from .ir import fmt_where, post_order
 
 EXPLAIN = os.environ.get("LAZYXLA_EXPLAIN_RECOMPILES", "0").lower() not in ("", "0", "false")
 
@@ -90,17 +90,7 @@ def _ir_table(value):
     """The IR below a root as a list, operands first: {id, op, outs, where, operands, hash}."""
     root, idx = value
     order, index = [], {}
-    stack = [root]
-    while stack:
-        n = stack[-1]
-        if id(n) in index:
-            stack.pop()
-            continue
-        pend = [o for o, _ in n.operands if id(o) not in index]
-        if pend:
-            stack.extend(reversed(pend))
-            continue
-        stack.pop()
+    for n in post_order([value]):
         index[id(n)] = len(order)
         order.append({"id": len(order), "op": n.op, "outs": [repr(m) for m in n.outs],
                       "where": fmt_where(n.where) if n.where else None, "hash": n.hash.hex(),

@@ -227,28 +227,14 @@ def _scaled(x, s):
     return x * (s.astype(x.dtype) if hasattr(s, "astype") else s)
 
 
-@register("addmm.default")
-def _addmm(sig, bias, a, b, beta=1, alpha=1):
+@register("addmm.default", "baddbmm.default", "addmv.default")
+def _add_product(sig, bias, a, b, beta=1, alpha=1):
+    """beta * bias + alpha * (a @ b); with beta == 0 the bias is ignored (NaNs too), as in PyTorch."""
     bias, a, b = _mmdt(sig, bias, a, b)
     prod = _scaled(jnp.matmul(a, b, precision=HI), alpha)
     if isinstance(beta, (int, float)) and beta == 0:
         return prod
     return _scaled(bias, beta) + prod
-
-
-@register("baddbmm.default")
-def _baddbmm(sig, bias, a, b, beta=1, alpha=1):
-    bias, a, b = _mmdt(sig, bias, a, b)
-    prod = _scaled(jnp.matmul(a, b, precision=HI), alpha)
-    if isinstance(beta, (int, float)) and beta == 0:
-        return prod
-    return _scaled(bias, beta) + prod
-
-
-@register("addmv.default")
-def _addmv(sig, bias, a, b, beta=1, alpha=1):
-    bias, a, b = _mmdt(sig, bias, a, b)
-    return _scaled(bias, beta) + _scaled(jnp.matmul(a, b, precision=HI), alpha)
 
 
 @register("_unsafe_index.Tensor", "index.Tensor")
