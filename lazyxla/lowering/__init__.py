@@ -120,6 +120,9 @@ def lower_node(node, vals):
     import jax.numpy as jnp
     from ..runtime import jnp_dtype
     sig = node.sig
+    if all(0 in m.shape for m in sig.outs):
+        # nothing to compute (and some JAX reductions refuse zero-size inputs)
+        return tuple(jnp.zeros(m.shape, jnp_dtype(m.dtype)) for m in sig.outs)
     targs, tkw = sig.template
     args = _instantiate(targs, vals)
     kwargs = {k: _instantiate(v, vals) for k, v in tkw}

@@ -7,10 +7,10 @@ own devices disagree (``_embedding_bag``'s workspace outputs). Ops whose output 
 depends on the data (``nonzero``, ``masked_select``, ``unique``) are not here: they stay
 CPU fallbacks on purpose (docs/coverage.md).
 
-Imported last by ``lowering``, this module also wraps the other families' lowerings for
-two edge cases that ``lazyxla coverage --verify`` found (see the last section): 0-d inputs
-of ops that take a dim, and ops whose outputs are all empty. A wrapper is a no-op when the
-case does not arise. Touches only the registry.
+Imported last by ``lowering``, this module also wraps the reduction and indexing
+lowerings for an edge case ``lazyxla coverage --verify`` found (see the last section): a
+0-d input of an op that takes a dim. A wrapper is a no-op when the case does not arise.
+Touches only the registry.
 """
 from __future__ import annotations
 
@@ -295,8 +295,8 @@ def scatter_reduce(sig, x, dim, index, src, reduce, include_self=True):
 
 
 # ---------------------------------------------------------------------------------------
-# Edge cases of every family's lowerings (these belong in the families, or for empty
-# outputs in ``lower_node``; the wrappers step aside for a lowering already marked).
+# 0-d edge cases of the reduction and indexing families (empty outputs are handled once,
+# in ``lower_node``); the wrappers step aside for a lowering already marked.
 #
 # 0-d inputs: PyTorch lets a dim-taking op treat a 0-d tensor as a 1-element vector (dim 0
 # or -1); JAX has no axis 0 there. These ops see the input as shape (1,) and their results
@@ -361,22 +361,6 @@ _SCATTERS = ("scatter.src", "scatter.value", "scatter.reduce", "scatter.value_re
              "scatter_add.default")
 
 
-def _empty_guard(fn):
-    """An op whose outputs all have no elements needs no computation (and some JAX
-    reductions, such as a max, refuse zero-size inputs)."""
-    def wrapped(sig, *args, **kwargs):
-        outs = sig.outs
-        if outs and all(m is not None and 0 in tuple(m.shape) for m in outs):
-            return tuple(jnp.zeros(tuple(m.shape), jnp_dtype(m.dtype)) for m in outs)
-        return fn(sig, *args, **kwargs)
-
-    wrapped._lazyxla_empty = True
-    wrapped.__name__ = getattr(fn, "__name__", "lowering")
-    wrapped.__doc__ = fn.__doc__
-    wrapped.__wrapped__ = fn
-    return wrapped
-
-
 def _wrap_edge_cases():
     for name in _DIM_OPS + _INDEXED + _SCATTERS:
         for op in _resolve(name):
@@ -386,9 +370,6 @@ def _wrap_edge_cases():
             wrap = (_as_vector_index_too if name in _INDEXED else
                     _as_vector_all_0d if name in _SCATTERS else _as_vector_if_0d)
             LOWERINGS[op] = wrap(fn)
-    for op, fn in list(LOWERINGS.items()):
-        if not getattr(fn, "_lazyxla_empty", False):
-            LOWERINGS[op] = _empty_guard(fn)
 
 
 _wrap_edge_cases()
