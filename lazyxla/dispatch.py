@@ -79,6 +79,8 @@ class FuncInfo:
         else:
             self.kind = "mutating"
         self.functional = lowering.functional_of(func) if self.kind in ("inplace", "out") else func
+        if self.functional is None and func in lowering.LOWERINGS:
+            self.functional = func  # an in-place op lowered as itself (random fills: normal_, bernoulli_)
         self.random = lowering.is_random(self.functional) if self.functional is not None else False
         self.special = SPECIAL.get(func)
         if self.special is None and s.name.startswith("aten::_foreach_"):
