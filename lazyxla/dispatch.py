@@ -178,21 +178,23 @@ def _to_meta(a):
     return a
 
 
-def _template(a, counter, is_value, sig_scalars):
+def _template(a, counter, is_value, sig_scalars, slot_metas):
     t = type(a)
     if isinstance(a, torch.Tensor):
         s = Slot(counter[0])
         counter[0] += 1
+        slot_metas.append(a._meta if isinstance(a, LazyTensor) else TensorMeta(a.shape, a.dtype))
         return s
     if t in _SCALAR_TYPES:
         if is_value and not _is_special(a):
             s = Slot(counter[0])
             counter[0] += 1
             sig_scalars.append((s.i, t))
+            slot_metas.append(None)  # a scalar: its dtype is decided below
             return s
         return a
     if t is list or t is tuple:
-        return tuple(_template(x, counter, is_value, sig_scalars) for x in a)
+        return tuple(_template(x, counter, is_value, sig_scalars, slot_metas) for x in a)
     if t is torch.device:
         return "lazyxla"
     return a
@@ -250,6 +252,11 @@ def _new_entry(func, info, args, kwargs, where) -> _Entry:
                            or isinstance(a, (list, tuple)))
         raise LazyXlaError(f"{info.name}({shapes}): {msg} at {fmt_where(where)}") from None
     outs = _flat_tensors(mout, [])
+    if info.kind == "inplace":
+        _check_inplace(func, args, kwargs, where, info)
+        if outs and not torch.can_cast(outs[0].dtype, args[0].dtype):
+            raise LazyXlaError(f"{info.name}: result type {_dtype_name(outs[0].dtype)} can't be cast to the "
+                               f"desired output type {_dtype_name(args[0].dtype)} at {fmt_where(where)}")
     if not outs:
         return _Entry(None, "const", const=mout)
     if low is None:
@@ -260,13 +267,15 @@ def _new_entry(func, info, args, kwargs, where) -> _Entry:
         return _Entry(None, "fallback")
     counter = [0]
     scal = []
+    slot_metas = []
     vp, vk = info.value_pos, info.value_kw
-    targs = tuple(_template(a, counter, i in vp, scal) for i, a in enumerate(args))
-    tkw = {k: _template(v, counter, k in vk, scal) for k, v in (kwargs or {}).items()
+    targs = tuple(_template(a, counter, i in vp, scal, slot_metas) for i, a in enumerate(args))
+    tkw = {k: _template(v, counter, k in vk, scal, slot_metas) for k, v in (kwargs or {}).items()
            if not (info.kind == "out" and k in info.written)}
     if info.random:
         tkw["__seed__"] = Slot(counter[0])
         counter[0] += 1
+        slot_metas.append(TensorMeta((), torch.int64))
     template = (targs, tuple(sorted(tkw.items())))
     out_metas = [TensorMeta(o.shape, o.dtype, o.stride()) for o in outs]
     if info.kind == "inplace":
@@ -281,7 +290,47 @@ def _new_entry(func, info, args, kwargs, where) -> _Entry:
     pattern = None
     if isinstance(mout, (tuple, list)) and any(o is None for o in mout):
         pattern = tuple(o is not None for o in mout)
+    for i, dt in sdt.items():
+        slot_metas[i] = TensorMeta((), dt)
+    _check_lowering(sig, slot_metas, info, args, where)
     return _Entry(sig, "node", sdt, nops=counter[0], pattern=pattern)
+
+
+def _dtype_name(dt):
+    return {torch.float32: "Float", torch.float64: "Double", torch.int64: "Long", torch.int32: "Int",
+            torch.bool: "Bool", torch.float16: "Half", torch.bfloat16: "BFloat16"}.get(dt, str(dt))
+
+
+def _check_inplace(func, args, kwargs, where, info):
+    """An in-place op must keep its target's shape and dtype: PyTorch's own meta kernel of
+    the in-place op says whether the result can be cast back, and whether it would change
+    the tensor's shape (transpose_, unsqueeze_), which a lazy tensor cannot do in place."""
+    margs = _to_meta(list(args))
+    try:
+        func(*margs, **{k: _to_meta(v) for k, v in (kwargs or {}).items()})
+    except Exception as e:  # noqa: BLE001 - PyTorch's own error, at the user's line
+        msg = str(e).split("\n")[0]
+        raise LazyXlaError(f"{info.name}: {msg} at {fmt_where(where)}") from None
+    target = args[0]
+    if tuple(margs[0].shape) != tuple(target.shape) or margs[0].dtype != target.dtype:
+        raise LazyXlaError(f"{info.name}: a lazyxla tensor cannot change its shape or dtype in place "
+                           f"({target._meta!r} -> {TensorMeta.of(margs[0])!r}) at {fmt_where(where)}; use the "
+                           f"out-of-place op instead")
+
+
+def _check_lowering(sig, slot_metas, info, args, where):
+    """Trace the lowering once, abstractly, when a signature is first seen: an op the
+    lowering cannot do fails here, at the user's line, not later inside a whole program."""
+    import jax
+    from .runtime import jnp_dtype
+    specs = [jax.ShapeDtypeStruct(m.shape, jnp_dtype(m.dtype)) for m in slot_metas]
+    try:
+        jax.eval_shape(lambda *v: lowering.lower_call(sig, v), *specs)
+    except Exception as e:  # noqa: BLE001 - every failure becomes the user's error
+        shapes = ", ".join(_describe(a) for a in args if isinstance(a, (torch.Tensor, list, tuple)))
+        msg = str(e).split("\n")[0]
+        raise LazyXlaError(f"{info.name}({shapes}) is not supported by lazyxla: {type(e).__name__}: {msg} "
+                           f"at {fmt_where(where)}") from None
 
 
 def _promoted(args, tensors):
@@ -647,6 +696,17 @@ def _lift(func, args, kwargs):
     return args[0]
 
 
+def _set(func, args, kwargs):
+    """``t.set_(src)``: t becomes an alias of src (same shape and dtype only)."""
+    t = args[0]
+    src = args[1] if len(args) > 1 else kwargs.get("source")
+    if isinstance(src, LazyTensor) and src._meta.shape == t._meta.shape and src._meta.dtype == t._meta.dtype:
+        t._st, t._chain, t._ir, t._sv = src._st, src._chain, src._ir, src._sv
+        return t
+    raise LazyXlaError(f"{_info(func).name}: lazyxla can only make a tensor an alias of another lazy tensor of "
+                       f"the same shape and dtype at {fmt_where(user_frame(1))}")
+
+
 def _resize(func, args, kwargs):
     t, size = args[0], tuple(args[1])
     if size == tuple(t.shape):
@@ -682,6 +742,7 @@ SPECIAL = {
     aten.copy_.default: _copy_,
     aten.lift_fresh.default: _lift,
     aten.resize_.default: _resize,
+    aten.set_.source_Tensor: _set,
 }
 
 

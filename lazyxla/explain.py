@@ -108,8 +108,9 @@ def _by_site(trace):
 
 
 def distance(a, b) -> float:
-    """How far two fold traces are: one per differing site; for the tensors, each differing
-    root by how much it differs (see _root_distance), and one per missing or extra root."""
+    """How far two fold traces are: one per differing site; for the tensors, the number of
+    IR nodes that differ in themselves under each root (see _tree_distance), and one per
+    missing or extra root. Ties go to the latest key."""
     da, db = _by_site(a), _by_site(b)
     n = 0
     for site in SITES:
@@ -123,17 +124,40 @@ def distance(a, b) -> float:
 
 
 def _root_distance(sa, sb) -> float:
-    """0 for equal roots; 0.5 for the same op and output (a change further down); 1 for the
-    same op with another output; 2 for another op: the tensors outweigh the other sites."""
+    """How many IR nodes differ in themselves between two roots (see _tree_distance); 0 for
+    equal roots. Keys from other processes carry no IR: 2 when unequal."""
     if sa.ingredient == sb.ingredient:
         return 0
     try:
-        (ra, ia), (rb, ib) = sa.detail[1], sb.detail[1]
+        (ra, _), (rb, _) = sa.detail[1], sb.detail[1]
     except (TypeError, AttributeError, IndexError):
         return 2
-    if ra.op != rb.op:
-        return 2
-    return 0.5 if ra.outs[ia] == rb.outs[ib] else 1
+    return _tree_distance(ra, rb, {}, [400])
+
+
+def _tree_distance(a, b, memo, budget) -> int:
+    """Count the nodes that differ in themselves: another op, another constant with the same
+    outputs, or another output while every operand is the same. A shape change at an input
+    counts once, not once for every node it flows through."""
+    if a.hash == b.hash:
+        return 0
+    k = (id(a), id(b))
+    if k in memo:
+        return memo[k]
+    budget[0] -= 1
+    if budget[0] < 0:  # large graphs: an estimate is enough to rank candidates
+        return 1
+    if len(a.operands) != len(b.operands):
+        d = 1 + max(len(a.operands), len(b.operands))
+    else:
+        below = [_tree_distance(x, y, memo, budget) for (x, _), (y, _) in zip(a.operands, b.operands)]
+        # sizes in a view's or expand's parameters follow its shapes: only a changed constant
+        # with unchanged outputs counts as a difference of the node itself
+        itself = a.op != b.op or (a.params != b.params and a.outs == b.outs) or \
+            (a.outs != b.outs and not any(below))
+        d = int(itself) + sum(below)
+    memo[k] = d
+    return d
 
 
 def first_site(a, b):

@@ -82,7 +82,10 @@ def download(arrays, dtypes) -> list:
 def scalar_array(value, dtype: torch.dtype):
     """A 0-dim device array holding a Python scalar."""
     t0 = metrics.now_ns()
-    out = jax.device_put(np.asarray(value, dtype=np.dtype(jnp_dtype(dtype))), jax_device())
+    npdt = np.dtype(jnp_dtype(dtype))
+    if isinstance(value, int) and not isinstance(value, bool) and npdt.kind in "iu":
+        value = np.asarray(value & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64).astype(npdt)  # wraps, as PyTorch does
+    out = jax.device_put(np.asarray(value, dtype=npdt), jax_device())
     metrics.metric_add("TransferToDeviceTime", metrics.now_ns() - t0, "time")
     return out
 

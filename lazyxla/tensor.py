@@ -169,6 +169,22 @@ class LazyTensor(torch.Tensor):
             body = body[:-1] + f", device='{self.device}')"
         return body
 
+    @property
+    def data(self):
+        """An alias sharing this tensor's value, outside autograd (as ``Tensor.data``)."""
+        t = LazyTensor(self._st, self._meta, self._chain)
+        if self._chain:
+            t._ir, t._sv = self._ir, self._sv
+        return t
+
+    @data.setter
+    def data(self, new):
+        if not isinstance(new, LazyTensor) or new._meta.shape != self._meta.shape \
+                or new._meta.dtype != self._meta.dtype:
+            raise RuntimeError(f"lazyxla: .data can only be set to a lazy tensor of the same shape and dtype "
+                               f"({self._meta!r}), got {getattr(new, 'shape', None)} {getattr(new, 'dtype', None)}")
+        self._st, self._chain, self._ir, self._sv = new._st, new._chain, new._ir, new._sv
+
     def tolist(self):
         return self.cpu().tolist()
 

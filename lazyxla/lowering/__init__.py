@@ -117,9 +117,15 @@ def _instantiate(x, vals):
 
 def lower_node(node, vals):
     """Evaluate one node on JAX values (inside a trace)."""
+    return lower_call(node.sig, vals)
+
+
+def lower_call(sig, vals):
+    """Evaluate a signature's lowering on operand values (JAX arrays or abstract values).
+    Results are cast to PyTorch's output dtypes and broadcast where PyTorch broadcasts; a
+    shape that cannot be PyTorch's is an error, never silently reshaped."""
     import jax.numpy as jnp
     from ..runtime import jnp_dtype
-    sig = node.sig
     if all(0 in m.shape for m in sig.outs):
         # nothing to compute (and some JAX reductions refuse zero-size inputs)
         return tuple(jnp.zeros(m.shape, jnp_dtype(m.dtype)) for m in sig.outs)
@@ -136,8 +142,13 @@ def lower_node(node, vals):
         if o.dtype != want:
             o = o.astype(want)
         if tuple(o.shape) != m.shape:
-            o = jnp.broadcast_to(o, m.shape) if o.size == 1 or _broadcastable(o.shape, m.shape) else o.reshape(m.shape)
+            if not _broadcastable(o.shape, m.shape):
+                raise ValueError(f"the lowering of {sig.op} gives shape {list(o.shape)} where PyTorch gives "
+                                 f"{list(m.shape)}")
+            o = jnp.broadcast_to(o, m.shape)
         res.append(o)
+    if len(res) != len(sig.outs):
+        raise ValueError(f"the lowering of {sig.op} gives {len(res)} outputs where PyTorch gives {len(sig.outs)}")
     return tuple(res)
 
 

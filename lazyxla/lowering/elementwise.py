@@ -22,8 +22,16 @@ def _c(x, dt):
     if dt is None:
         return x
     if isinstance(x, (int, float, bool)):
-        return jnp.asarray(x, dtype=dt)
+        # through a 64-bit value, so -1 wraps into an unsigned dtype as in PyTorch
+        return jnp.asarray(x).astype(dt)
     return x.astype(dt) if x.dtype != dt else x
+
+
+def _opmath(sig):
+    """The compute dtype of arithmetic: PyTorch computes half types in float32 (a Python
+    scalar keeps its float32 value) and rounds the result once."""
+    dt = _cd(sig)
+    return jnp.float32 if dt in (jnp.float16, jnp.bfloat16) else dt
 
 
 def _float_dt(sig):
@@ -86,25 +94,33 @@ def _alpha(b, alpha):
 
 @register("add.Tensor", "add.Scalar")
 def _add(sig, a, b, alpha=None):
-    dt = _cd(sig)
+    dt = _opmath(sig)
     return _c(a, dt) + _alpha(_c(b, dt), alpha)
+
+
+def _no_bool_sub(op, *xs):
+    if any(isinstance(x, bool) or getattr(x, "dtype", None) == jnp.bool_ for x in xs):
+        raise TypeError(f"aten::{op}: subtraction with a bool tensor is not supported (as in PyTorch); "
+                        "use ~ or logical_not() instead")
 
 
 @register("sub.Tensor", "sub.Scalar")
 def _sub(sig, a, b, alpha=None):
-    dt = _cd(sig)
+    _no_bool_sub("sub", a, b)
+    dt = _opmath(sig)
     return _c(a, dt) - _alpha(_c(b, dt), alpha)
 
 
 @register("rsub.Tensor", "rsub.Scalar")
 def _rsub(sig, a, b, alpha=None):
-    dt = _cd(sig)
+    _no_bool_sub("rsub", a, b)
+    dt = _opmath(sig)
     return _c(b, dt) - _alpha(_c(a, dt), alpha)
 
 
 @register("mul.Tensor", "mul.Scalar")
 def _mul(sig, a, b):
-    dt = _cd(sig)
+    dt = _opmath(sig)
     if dt == jnp.bool_:
         return jnp.logical_and(_c(a, dt), _c(b, dt))
     return _c(a, dt) * _c(b, dt)
@@ -113,6 +129,7 @@ def _mul(sig, a, b):
 @register("div.Tensor", "div.Scalar")
 def _div(sig, a, b):
     dt = _float_dt(sig)
+    dt = jnp.float32 if dt in (jnp.float16, jnp.bfloat16) else dt
     return _c(a, dt) / _c(b, dt)
 
 
@@ -156,10 +173,31 @@ def _fmod(sig, a, b):
 @register("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar")
 def _pow(sig, a, b):
     dt = _cd(sig)
-    a, b = _c(a, dt), _c(b, dt)
     if jnp.issubdtype(dt, jnp.integer):
-        return jax.lax.integer_pow(a, int(b)) if isinstance(b, int) else jnp.power(a, b)
-    return jnp.power(a, b)
+        if type(b) is int and sig.op == "aten::pow.Tensor_Scalar":
+            if b < 0:
+                raise ValueError("aten::pow: Integers to negative integer powers are not allowed.")
+            return jax.lax.integer_pow(_c(a, dt), b)
+        return _int_pow(_c(a, dt), _c(b, dt))
+    return jnp.power(_c(a, dt), _c(b, dt))
+
+
+def _int_pow(a, b):
+    """PyTorch's integer power: exact with wraparound for any exponent (JAX's stops at 6
+    bits), and for a negative exponent 1, -1 or 0 (integer division of 1 by a**-b)."""
+    a, b = jnp.broadcast_arrays(a, b)
+    e = jnp.maximum(b, jnp.zeros((), b.dtype))
+    acc, base = jnp.ones_like(a), a
+    for _ in range(jnp.iinfo(b.dtype).bits):
+        acc = jnp.where((e & 1) == 1, acc * base, acc)
+        base = base * base
+        e = e >> 1
+    if not jnp.issubdtype(b.dtype, jnp.signedinteger):
+        return acc
+    one = jnp.ones_like(a)
+    odd = (b & 1) == 1
+    neg = jnp.where(a == 1, one, jnp.where(a == -1, jnp.where(odd, -one, one), jnp.zeros_like(a)))
+    return jnp.where(b < 0, neg, acc)
 
 
 @register("maximum.default")
@@ -236,19 +274,19 @@ def _clamp_max(sig, x, m):
 
 @register("addcmul.default")
 def _addcmul(sig, x, t1, t2, value=1):
-    dt = _cd(sig)
+    dt = _opmath(sig)
     return _c(x, dt) + _c(value, dt) * _c(t1, dt) * _c(t2, dt)
 
 
 @register("addcdiv.default")
 def _addcdiv(sig, x, t1, t2, value=1):
-    dt = _cd(sig)
+    dt = _opmath(sig)
     return _c(x, dt) + _c(value, dt) * (_c(t1, dt) / _c(t2, dt))
 
 
 @register("lerp.Scalar", "lerp.Tensor")
 def _lerp(sig, a, b, w):
-    dt = _cd(sig)
+    dt = _opmath(sig)
     a, b, w = _c(a, dt), _c(b, dt), _c(w, dt)
     # PyTorch's formula: weight < 0.5 ? a + w*(b-a) : b - (b-a)*(1-w)
     d = b - a

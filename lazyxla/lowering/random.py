@@ -34,7 +34,7 @@ def _normal_(sig, x, mean=0.0, std=1.0, generator=None, __seed__=None):
     return z * std + mean
 
 
-@register("uniform_.default", random=True)
+@register("uniform_.default", "uniform.default", random=True)
 def _uniform_(sig, x, from_=0.0, to=1.0, generator=None, __seed__=None, **k):
     shape, dt = _meta(sig)
     lo = k.get("from", from_)
@@ -54,7 +54,7 @@ def _randn(sig, *a, __seed__=None, **k):
     return jax.random.normal(_key(__seed__), shape, _fdt(dt))
 
 
-@register("randint.default", "randint.low", random=True)
+@register("randint.default", "randint.low", "randint_like.default", "randint_like.low_dtype", random=True)
 def _randint(sig, *a, __seed__=None, **k):
     shape, dt = _meta(sig)
     ints = [x for x in a if isinstance(x, int)]
@@ -62,14 +62,23 @@ def _randint(sig, *a, __seed__=None, **k):
     return jax.random.randint(_key(__seed__), shape, low, high, dtype=jnp.int64)
 
 
-@register("random_.from", "random_.to", random=True)
+@register("random_.from", "random_.to", "random_.default", "random.from", "random.to", "random.default",
+          random=True)
 def _random_(sig, x, *a, __seed__=None, **k):
+    """Integers in [from, to), by default [0, 2**mantissa] for floats and [0, max] for ints."""
     shape, dt = _meta(sig)
     ints = [v for v in a if isinstance(v, int)]
-    if len(ints) >= 2:
-        low, high = ints[0], ints[1]
+    if len(a) >= 2 or (len(a) == 1 and "from" in sig.op):  # random.from: to may be None
+        low, high = ints[0], (ints[1] if len(ints) > 1 else None)
     else:
-        low, high = 0, ints[0]
+        low, high = 0, (ints[0] if ints else None)
+    if high is None:
+        if jnp.issubdtype(dt, jnp.floating):
+            high = 2 ** (jnp.finfo(dt).nmant + 1) + 1
+        elif dt == jnp.bool_:
+            high = 2
+        else:
+            high = int(jnp.iinfo(dt).max) + (1 if jnp.iinfo(dt).bits < 64 else 0)
     return jax.random.randint(_key(__seed__), shape, low, high, dtype=jnp.int64)
 
 
@@ -84,14 +93,14 @@ def _bernoulli_p(sig, x, p=0.5, generator=None, __seed__=None):
     return jax.random.bernoulli(_key(__seed__), p, shape)
 
 
-@register("bernoulli.default", "bernoulli_.Tensor", random=True)
+@register("bernoulli.default", "bernoulli_.Tensor", "bernoulli.Tensor", random=True)
 def _bernoulli(sig, x, *a, generator=None, __seed__=None, **k):
     shape, dt = _meta(sig)
     p = a[0] if a and hasattr(a[0], "shape") else x
     return jax.random.uniform(_key(__seed__), shape, jnp.float32) < p.astype(jnp.float32)
 
 
-@register("exponential_.default", random=True)
+@register("exponential_.default", "exponential.default", random=True)
 def _exponential_(sig, x, lambd=1.0, generator=None, __seed__=None):
     shape, dt = _meta(sig)
     return jax.random.exponential(_key(__seed__), shape, _fdt(dt)) / lambd

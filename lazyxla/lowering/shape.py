@@ -230,9 +230,34 @@ def _scatter_add(sig, x, dim, index, src):
 
 @register("index_put.default", "_unsafe_index_put.default")
 def _index_put(sig, x, indices, values, accumulate=False):
+    if any(i is not None and i.dtype == jnp.bool_ for i in indices):
+        return _index_put_mask(x, indices, values, accumulate)
     idx = tuple(slice(None) if i is None else i for i in indices)
     v = jnp.asarray(values, x.dtype)
     return x.at[idx].add(v) if accumulate else x.at[idx].set(v)
+
+
+def _index_put_mask(x, indices, values, accumulate):
+    """``x[mask] = values`` with a static shape: the k-th True element of the mask takes
+    the k-th value (found by a running count of the mask), the others keep x."""
+    pos = [d for d, i in enumerate(indices) if i is not None]
+    if len(pos) != 1:
+        raise NotImplementedError("aten::index_put: a boolean mask index combined with other index "
+                                  "tensors is not supported by lazyxla")
+    d = pos[0]
+    m = indices[d]
+    pre, post = x.shape[:d], x.shape[d + m.ndim:]
+    n = int(np.prod(m.shape, dtype=np.int64))
+    xr = x.reshape(pre + (n,) + post)
+    mf = m.reshape(n)
+    v = jnp.asarray(values, x.dtype)
+    k = v.shape[-(len(post) + 1)] if v.ndim > len(post) else 1
+    v = jnp.broadcast_to(v, pre + (k,) + post)
+    which = jnp.clip(jnp.cumsum(mf.astype(jnp.int64)) - 1, 0, k - 1)
+    picked = jnp.take(v, which, axis=len(pre))
+    keep = mf.reshape((1,) * len(pre) + (n,) + (1,) * len(post))
+    new = jnp.where(keep, xr + picked if accumulate else picked, xr)
+    return new.reshape(x.shape)
 
 
 @register("index_add.default")
