@@ -20,31 +20,17 @@ import torch
 import torch.nn.functional as F
 
 import lazyxla
+from lazyhelp import cnt, samples
 import lazyxla.debug.metrics as met
 
 DEV = lazyxla.device()
+
+pytestmark = pytest.mark.usefixtures("nothing_pending")
 _sizes = itertools.count(3101)
 
 
 def fresh() -> int:
     return next(_sizes)
-
-
-def cnt(name):
-    return met.counter_value(name) or 0
-
-
-def samples(name):
-    d = met.metric_data(name)
-    return d[0] if d else 0
-
-
-@pytest.fixture(autouse=True)
-def _nothing_pending():
-    gc.collect()
-    lazyxla.sync()
-    lazyxla.wait_device_ops()
-    yield
 
 
 def lookups():

@@ -15,27 +15,18 @@ import pytest
 import torch
 
 import lazyxla
+from lazyhelp import cnt
 import lazyxla.debug.metrics as met
 
 DEV = lazyxla.device()
+
+pytestmark = pytest.mark.usefixtures("nothing_pending")
 HERE = os.path.basename(__file__)
 _sizes = itertools.count(6101)
 
 
 def fresh() -> int:
     return next(_sizes)
-
-
-def cnt(name):
-    return met.counter_value(name) or 0
-
-
-@pytest.fixture(autouse=True)
-def _nothing_pending():
-    gc.collect()
-    lazyxla.sync()
-    lazyxla.wait_device_ops()
-    yield
 
 
 def assert_names_line(msg, line):

@@ -20,9 +20,12 @@ import pytest
 import torch
 
 import lazyxla
+from lazyhelp import cnt
 import lazyxla.debug.metrics as met
 
 DEV = lazyxla.device()
+
+pytestmark = pytest.mark.usefixtures("nothing_pending")
 _sizes = itertools.count(1101)  # lengths used by no other test file: programs never compiled before
 
 
@@ -30,20 +33,8 @@ def fresh() -> int:
     return next(_sizes)
 
 
-def cnt(name):
-    return met.counter_value(name) or 0
-
-
 def gh(*tensors):
     return lazyxla.graph_hash(list(tensors))
-
-
-@pytest.fixture(autouse=True)
-def _nothing_pending():
-    gc.collect()
-    lazyxla.sync()
-    lazyxla.wait_device_ops()
-    yield
 
 
 def dev_data(*shape, dtype=torch.float32, seed=0):

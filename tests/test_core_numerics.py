@@ -14,15 +14,9 @@ import torch.nn.functional as F
 import lazyxla
 
 DEV = lazyxla.device()
+
+pytestmark = pytest.mark.usefixtures("nothing_pending")
 RTOL, ATOL = 1e-5, 1e-6
-
-
-@pytest.fixture(autouse=True)
-def _nothing_pending():
-    gc.collect()
-    lazyxla.sync()
-    lazyxla.wait_device_ops()
-    yield
 
 
 def inputs(*shapes, seed=0, positive=False, dtype=torch.float32):

@@ -13,23 +13,17 @@ import pytest
 import torch
 
 import lazyxla
+from lazyhelp import cnt, samples
 import lazyxla.debug.metrics as met
 
 DEV = lazyxla.device()
+
+pytestmark = pytest.mark.usefixtures("nothing_pending")
 _sizes = itertools.count(2101)
 
 
 def fresh() -> int:
     return next(_sizes)
-
-
-def cnt(name):
-    return met.counter_value(name) or 0
-
-
-def samples(name):
-    d = met.metric_data(name)
-    return d[0] if d else 0
 
 
 class Delta:
@@ -40,14 +34,6 @@ class Delta:
 
     def __getitem__(self, name):
         return cnt(name) - self.base.get(name, 0)
-
-
-@pytest.fixture(autouse=True)
-def _nothing_pending():
-    gc.collect()
-    lazyxla.sync()
-    lazyxla.wait_device_ops()
-    yield
 
 
 def host_and_dev(n, seed=0, dtype=torch.float32):

@@ -16,20 +16,12 @@ import lazyxla
 
 DEV = lazyxla.device()
 
+pytestmark = pytest.mark.usefixtures("nothing_pending")
+
 FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 INTS = [torch.int64, torch.int32, torch.int8, torch.uint8]
 ALL = FLOATS + INTS + [torch.bool]
 NAMES = {d: str(d).split(".")[1] for d in ALL}
-
-
-@pytest.fixture(autouse=True)
-def _nothing_pending():
-    # a failed test's frames (kept by pytest in sys.last_*) must not keep its tensors alive
-    sys.last_type = sys.last_value = sys.last_traceback = None
-    gc.collect()
-    lazyxla.sync()
-    lazyxla.wait_device_ops()
-    yield
 
 
 def _compare(got, want, exact, label=""):

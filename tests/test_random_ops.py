@@ -17,23 +17,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lazyxla
+from lazyhelp import cnt
 import lazyxla.debug.metrics as met
 
 DEV = lazyxla.device()
+
+pytestmark = pytest.mark.usefixtures("nothing_pending")
 N = 4000
-
-
-@pytest.fixture(autouse=True)
-def _nothing_pending():
-    sys.last_type = sys.last_value = sys.last_traceback = None
-    gc.collect()
-    lazyxla.sync()
-    lazyxla.wait_device_ops()
-    yield
-
-
-def cnt(name):
-    return met.counter_value(name) or 0
 
 
 def _empty(dtype=torch.float32):

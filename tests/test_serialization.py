@@ -22,14 +22,7 @@ import lazyxla
 
 DEV = lazyxla.device()
 
-
-@pytest.fixture(autouse=True)
-def _nothing_pending():
-    sys.last_type = sys.last_value = sys.last_traceback = None
-    gc.collect()
-    lazyxla.sync()
-    lazyxla.wait_device_ops()
-    yield
+pytestmark = pytest.mark.usefixtures("nothing_pending")
 
 
 def net():

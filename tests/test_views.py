@@ -15,23 +15,12 @@ import pytest
 import torch
 
 import lazyxla
+from lazyhelp import cnt
 import lazyxla.debug.metrics as met
 
 DEV = lazyxla.device()
 
-
-@pytest.fixture(autouse=True)
-def _nothing_pending():
-    # a failed test's frames (kept by pytest in sys.last_*) must not keep its tensors alive
-    sys.last_type = sys.last_value = sys.last_traceback = None
-    gc.collect()
-    lazyxla.sync()
-    lazyxla.wait_device_ops()
-    yield
-
-
-def cnt(name):
-    return met.counter_value(name) or 0
+pytestmark = pytest.mark.usefixtures("nothing_pending")
 
 
 def dev(t):

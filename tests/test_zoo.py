@@ -19,25 +19,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lazyxla
+from lazyhelp import cnt
 import lazyxla.debug.metrics as met
 
 DEV = lazyxla.device()
+
+pytestmark = pytest.mark.usefixtures("nothing_pending")
 STEPS = 5
 WARM = 2  # steps after which nothing compiles any more
-
-
-@pytest.fixture(autouse=True)
-def _nothing_pending():
-    # a failed test's frames (kept by pytest in sys.last_*) must not keep its tensors alive
-    sys.last_type = sys.last_value = sys.last_traceback = None
-    gc.collect()
-    lazyxla.sync()
-    lazyxla.wait_device_ops()
-    yield
-
-
-def cnt(name):
-    return met.counter_value(name) or 0
 
 
 # ---------------------------------------------------------------------------------------
