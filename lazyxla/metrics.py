@@ -56,15 +56,21 @@ def counter_inc(name, n=1):
     COUNTERS[name] = COUNTERS.get(name, 0) + n
 
 
+def _metric(name, kind):
+    """The metric called name, made on first use (caller holds _LOCK)."""
+    m = _METRICS.get(name)
+    if m is None:
+        if kind not in _FORMATTERS:
+            raise ValueError(f"unknown metric kind {kind!r}")
+        m = _METRICS[name] = _Metric(kind)
+    return m
+
+
 def metric_add(name, value, kind="value", timestamp_ns=None):
     """Add one sample. kind is "time" (ns), "bytes" or "value"; the first add fixes it."""
     ts = time.time_ns() if timestamp_ns is None else timestamp_ns
     with _LOCK:
-        m = _METRICS.get(name)
-        if m is None:
-            if kind not in _FORMATTERS:
-                raise ValueError(f"unknown metric kind {kind!r}")
-            m = _METRICS[name] = _Metric(kind)
+        m = _metric(name, kind)
         m.count += 1
         m.acc += value
         m.samples.append((ts, value))
@@ -76,11 +82,7 @@ def metric_add_many(name, values, kind="value"):
         return
     ts = time.time_ns()
     with _LOCK:
-        m = _METRICS.get(name)
-        if m is None:
-            if kind not in _FORMATTERS:
-                raise ValueError(f"unknown metric kind {kind!r}")
-            m = _METRICS[name] = _Metric(kind)
+        m = _metric(name, kind)
         m.count += len(values)
         m.acc += sum(values)
         m.samples.extend((ts, v) for v in values)

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..runtime import jnp_dtype
 from . import LOWERINGS, _resolve, register
+from .nn import _adaptive_matrix
 
 _HI = lax.Precision.HIGHEST
 
@@ -75,16 +75,6 @@ def avg_pool3d(sig, x, kernel_size, stride=(), padding=0, ceil_mode=False, count
     p = _ntuple(padding, 3)
     return _avg_pool_nd(_f(x), tuple(sig.outs[0].shape[-3:]), k, s, p, count_include_pad,
                         divisor_override)
-
-
-def _adaptive_matrix(n_in, n_out):
-    """0/1 [n_out, n_in] membership of PyTorch's adaptive windows, and their sizes."""
-    o = np.arange(n_out)
-    start = (o * n_in) // n_out
-    end = -((-(o + 1) * n_in) // n_out)
-    cols = np.arange(n_in)
-    m = ((cols[None, :] >= start[:, None]) & (cols[None, :] < end[:, None])).astype(np.float64)
-    return m, (end - start).astype(np.float64)
 
 
 def _adaptive_avg_pool_nd(x, out_sz):
