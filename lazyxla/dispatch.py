@@ -103,16 +103,6 @@ _SIGS: dict = {}
 _SCALAR_TYPES = (int, float, bool)
 
 
-class _DynScalar:
-    """Marks a Python scalar that becomes a device-data operand (not hashed by value)."""
-
-    __slots__ = ("pytype", "dtype")
-
-    def __init__(self, pytype):
-        self.pytype = pytype
-        self.dtype = None
-
-
 def _is_special(v) -> bool:
     return (not NO_SPECIAL_SCALARS) and (v == 0 or v == 1 or v == -1)
 
@@ -594,12 +584,10 @@ def _fallback(func, info, args, kwargs):
     hargs = to_host(list(args))
     hkw = {k: to_host(v) for k, v in (kwargs or {}).items()}
     r = func(*hargs, **hkw)
-    if info.kind == "inplace" or info.kind == "mutating" or info.kind == "out":
-        for a in _flat_tensors([args, list((kwargs or {}).values())], []):
-            if isinstance(a, LazyTensor) and _is_written(info, a, args, kwargs):
-                h = table[id(a)]
-                up = to_device(h)
-                write(a, _convert(up._st.ir, up._meta, a._meta))
+    if info.written:  # the CPU changed the host copies of the written tensors: upload them back
+        for a in _written_tensors(func, info, args, kwargs):
+            up = to_device(table[id(a)])
+            write(a, _convert(up._st.ir, up._meta, a._meta))
         if info.kind == "inplace":
             return args[0]
 
@@ -616,31 +604,15 @@ def _fallback(func, info, args, kwargs):
     return back(r)
 
 
-def _is_written(info, a, args, kwargs):
-    s = _schema_args(info)
-    for i, x in enumerate(args):
-        if x is a and i < len(s) and s[i] in info.written:
-            return True
-    for k, x in (kwargs or {}).items():
-        if k in info.written and (x is a or (isinstance(x, (list, tuple)) and any(y is a for y in x))):
-            return True
-    for i, x in enumerate(args):
-        if isinstance(x, (list, tuple)) and any(y is a for y in x) and i < len(s) and s[i] in info.written:
-            return True
-    return False
-
-
-_SCHEMA_ARGS: dict = {}
-
-
-def _schema_args(info):
-    r = _SCHEMA_ARGS.get(info.name)
-    if r is None:
-        ns, _, rest = info.name.partition("::")
-        name, _, ov = rest.partition(".")
-        f = getattr(getattr(getattr(torch.ops, ns), name), ov or "default")
-        r = _SCHEMA_ARGS[info.name] = [a.name for a in f._schema.arguments]
-    return r
+def _written_tensors(func, info, args, kwargs):
+    """The lazy tensors passed in the arguments the op's schema marks as written."""
+    out = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name not in info.written:
+            continue
+        v = args[i] if i < len(args) else (kwargs or {}).get(arg.name)
+        out += [t for t in _flat_tensors(v, []) if isinstance(t, LazyTensor)]
+    return out
 
 
 # ---------------------------------------------------------------------------------------

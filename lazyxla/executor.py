@@ -319,6 +319,23 @@ def _flush_tracing():
 
 
 # ---------------------------------------------------------------------------------------
+def _fold(force_ltc_data, roots, graph, donors=()):
+    """The graph key's trace for ``roots``: (tensor id, IR value) pairs, in order."""
+    return graph_hash.compute(force_ltc_data, [(v[0].vh[v[1]], (uid, v)) for uid, v in roots],
+                              graph.sequence, donors)
+
+
+def _pending_roots(tensors):
+    """(tensor id, IR value) of each distinct tensor whose value is still pending IR."""
+    roots, seen = [], set()
+    for t in tensors:
+        v = value_of(t)
+        if v[0].data is None and t._uid not in seen:
+            seen.add(t._uid)
+            roots.append((t._uid, v))
+    return roots
+
+
 def sync(wait: bool = False):
     """R4: compile (or find) and run one program for all pending IR; replace it with data."""
     _flush_tracing()
@@ -335,9 +352,7 @@ def sync(wait: bool = False):
     if roots:
         graph = Graph([r for _, r in roots])
         donors = buffer_donors(graph, storages)
-        trace = graph_hash.compute(True, [(v[0].vh[v[1]], (uid, v)) for uid, v in roots],
-                                   graph.sequence, donors)
-        prog = _lookup(graph, trace, "sync", donors)
+        prog = _lookup(graph, _fold(True, roots, graph, donors), "sync", donors)
         outs = _execute(prog, graph)
         for st, arr in zip(storages, outs):
             st.set_data(arr)
@@ -354,43 +369,24 @@ def sync(wait: bool = False):
 def read_values(tensors) -> list:
     """R5: the tensors' values on the host; pending IR is computed but kept."""
     _flush_tracing()
-    values = [value_of(t) if isinstance(t, LazyTensor) else None for t in tensors]
-    metas = [t._meta for t in tensors]
-    pending_idx = [i for i, v in enumerate(values) if v[0].data is None]
-    arrays = [v[0].data if v[0].data is not None else None for v in values]
-    if pending_idx:
-        roots, seen_ids, uniq = [], set(), []
-        for i in pending_idx:
-            uid = tensors[i]._uid
-            if uid in seen_ids:
-                continue
-            seen_ids.add(uid)
-            uniq.append(i)
-            roots.append((uid, values[i]))
+    values = [value_of(t) for t in tensors]
+    arrays = {t._uid: v[0].data for t, v in zip(tensors, values) if v[0].data is not None}
+    roots = _pending_roots(tensors)
+    if roots:
         graph = Graph([r for _, r in roots])
-        trace = graph_hash.compute(False, [(v[0].vh[v[1]], (uid, v)) for uid, v in roots],
-                                   graph.sequence, ())
-        prog = _lookup(graph, trace, "read")
-        outs = _execute(prog, graph)
-        by_uid = {tensors[i]._uid: o for i, o in zip(uniq, outs)}
-        for i in pending_idx:
-            arrays[i] = by_uid[tensors[i]._uid]
-    arrays = [resolve(a) for a in arrays]
+        prog = _lookup(graph, _fold(False, roots, graph), "read")
+        arrays.update(zip((uid for uid, _ in roots), _execute(prog, graph)))
     from .runtime import download
-    return download(arrays, [m.dtype for m in metas])
+    return download([resolve(arrays[t._uid]) for t in tensors], [t._meta.dtype for t in tensors])
 
 
-def graph_key(tensors, force_ltc_data=True):
-    """The trace of the key a sync of these tensors' pending IR would look up (no compile)."""
-    roots, seen = [], set()
-    for t in tensors:
-        v = value_of(t)
-        if v[0].data is None and t._uid not in seen:
-            seen.add(t._uid)
-            roots.append((t._uid, v))
+def graph_key(tensors):
+    """The trace of the key a sync would look up if these were all the pending tensors
+    (donation included); nothing is compiled or run."""
+    roots = _pending_roots(tensors)
     graph = Graph([r for _, r in roots])
-    return graph_hash.compute(force_ltc_data, [(v[0].vh[v[1]], (uid, v)) for uid, v in roots],
-                              graph.sequence, ())
+    storages = [t._st for t in tensors if t._st.data is None]
+    return _fold(True, roots, graph, buffer_donors(graph, storages))
 
 
 def dump_hlo(tensors) -> str:

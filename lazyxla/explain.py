@@ -57,10 +57,6 @@ def recompile_log() -> list:
     return list(_LOG)
 
 
-def history() -> list:
-    return list(_HISTORY)
-
-
 def clear():
     _HISTORY.clear()
     _LOG.clear()

@@ -81,9 +81,6 @@ class FoldTrace:
     def hex(self) -> str:
         return self.key.hex()
 
-    def by_site(self, site):
-        return [s for s in self.steps if s.site == site]
-
     def __str__(self):
         lines = [f"graph hash {self.hex}, folded in {len(self.steps)} merges:"]
         for i, s in enumerate(self.steps):
@@ -132,11 +129,6 @@ def environment():
                    f"XLA_FLAGS='{parts['XLA_FLAGS']}'; torch {torch_rev[:10]}; {xla_rev}")
         _ENV = (h, summary, parts | {"TORCH_GITREV": torch_rev, "XLA_GITREV": xla_rev})
     return _ENV
-
-
-def reset_environment():
-    global _ENV
-    _ENV = None
 
 
 _TRUE, _FALSE = fold(encode(True)), fold(encode(False))

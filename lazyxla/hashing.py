@@ -15,7 +15,7 @@ import struct
 
 import torch
 
-__all__ = ["fold", "merge", "encode", "hash_of", "hex128", "EMPTY"]
+__all__ = ["fold", "merge", "encode"]
 
 _blake2b = hashlib.blake2b
 
@@ -28,10 +28,6 @@ def fold(*parts: bytes) -> bytes:
 def merge(acc: bytes, ingredient: bytes) -> bytes:
     """MergeHash: fold one more ingredient into a running 128-bit digest."""
     return _blake2b(acc + ingredient, digest_size=16).digest()
-
-
-def hex128(h: bytes) -> str:
-    return h.hex()
 
 
 def encode(v) -> bytes:
@@ -58,10 +54,3 @@ def encode(v) -> bytes:
     if enc is not None:
         return enc()
     raise TypeError(f"lazyxla cannot hash a parameter of type {t.__name__}: {v!r}")
-
-
-def hash_of(v) -> bytes:
-    return fold(encode(v))
-
-
-EMPTY = fold(b"")

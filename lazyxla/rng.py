@@ -51,7 +51,3 @@ def manual_seed(seed: int):
     global _seed, _seed_ir
     _seed = int(seed) & _M64
     _seed_ir = None
-
-
-def get_rng_state() -> int:
-    return _seed

@@ -23,7 +23,6 @@ TORCH_TO_JNP = {
     torch.int16: jnp.int16, torch.int8: jnp.int8, torch.uint8: jnp.uint8, torch.bool: jnp.bool_,
     torch.complex64: jnp.complex64, torch.complex128: jnp.complex128,
 }
-JNP_TO_TORCH = {np.dtype(v): k for k, v in TORCH_TO_JNP.items()}
 
 _device = None
 

@@ -110,10 +110,6 @@ class Storage:
         self.version += 1
         self.donate = False  # a user's donation mark belongs to the old buffer
 
-    @property
-    def pending(self):
-        return self.data is None
-
 
 _weakref = weakref.ref
 _ids = itertools.count(1)
