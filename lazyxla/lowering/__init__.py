@@ -26,6 +26,11 @@ DECOMPOSITIONS: dict = {}
 # Scalar arguments that decide what the op computes (not just a value in it): they are
 # hashed into the node and reach the lowering as Python numbers, never as device data.
 STATIC_ARGS: dict = {}
+# Ops that take a dim and treat a 0-d tensor as a 1-element vector (PyTorch allows dim 0 or
+# -1 there; JAX has no axis on a 0-d array): lower_call runs them on shape (1,) operands and
+# reshapes the results back. The value says which operands: "input", "index" (the first
+# and the index), "all" (input, index and source).
+ZERO_D_AS_VECTOR: dict = {}
 
 
 def _resolve(op):
@@ -42,7 +47,7 @@ def _resolve(op):
     raise TypeError(op)
 
 
-def register(*ops, random=False, static=()):
+def register(*ops, random=False, static=(), zero_d=None):
     """Decorator: ``@register("add.Tensor", aten.sub.Tensor, ..., static=("ord",))``."""
     def deco(fn):
         for op in ops:
@@ -52,6 +57,8 @@ def register(*ops, random=False, static=()):
                     RANDOM.add(o)
                 if static:
                     STATIC_ARGS[o] = frozenset(static)
+                if zero_d:
+                    ZERO_D_AS_VECTOR[o] = zero_d
         return fn
     return deco
 
@@ -132,9 +139,14 @@ def lower_call(sig, vals):
     targs, tkw = sig.template
     args = _instantiate(targs, vals)
     kwargs = {k: _instantiate(v, vals) for k, v in tkw}
+    as_vector = ZERO_D_AS_VECTOR.get(sig.func)
+    if as_vector and getattr(args[0], "ndim", None) == 0:
+        args = _as_vectors(args, as_vector)
     out = sig.lower(sig, *args, **kwargs)
     if not isinstance(out, (tuple, list)):
         out = (out,)
+    if as_vector and len(out) == len(sig.outs):
+        out = [jnp.reshape(o, m.shape) for o, m in zip(out, sig.outs)]
     res = []
     for o, m in zip(out, sig.outs):
         o = jnp.asarray(o)
@@ -150,6 +162,14 @@ def lower_call(sig, vals):
     if len(res) != len(sig.outs):
         raise ValueError(f"the lowering of {sig.op} gives {len(res)} outputs where PyTorch gives {len(sig.outs)}")
     return tuple(res)
+
+
+def _as_vectors(args, which):
+    """0-d operands as shape (1,): the input, and for "index"/"all" the index (argument 2)
+    and for "all" the source (argument 3)."""
+    picks = {0} | ({2} if which in ("index", "all") else set()) | ({3} if which == "all" else set())
+    return tuple(a.reshape(1) if i in picks and getattr(a, "ndim", None) == 0 else a
+                 for i, a in enumerate(args))
 
 
 def _broadcastable(src, dst):

@@ -7,9 +7,6 @@ own devices disagree (``_embedding_bag``'s workspace outputs). Ops whose output 
 depends on the data (``nonzero``, ``masked_select``, ``unique``) are not here: they stay
 CPU fallbacks on purpose (docs/coverage.md).
 
-Imported last by ``lowering``, this module also wraps the reduction and indexing
-lowerings for an edge case ``lazyxla coverage --verify`` found (see the last section): a
-0-d input of an op that takes a dim. A wrapper is a no-op when the case does not arise.
 Touches only the registry.
 """
 from __future__ import annotations
@@ -282,84 +279,3 @@ def scatter_reduce(sig, x, dim, index, src, reduce, include_self=True):
             return total / count.astype(x.dtype)
         return jnp.floor_divide(total, count.astype(x.dtype))
     raise NotImplementedError(f"aten::scatter_reduce: reduce={reduce!r}")
-
-
-# ---------------------------------------------------------------------------------------
-# 0-d edge cases of the reduction and indexing families (empty outputs are handled once,
-# in ``lower_node``); the wrappers step aside for a lowering already marked.
-#
-# 0-d inputs: PyTorch lets a dim-taking op treat a 0-d tensor as a 1-element vector (dim 0
-# or -1); JAX has no axis 0 there. These ops see the input as shape (1,) and their results
-# are reshaped back to PyTorch's output shapes.
-_DIM_OPS = ("amax.default", "amin.default", "any.dim", "any.dims", "all.dim", "all.dims",
-            "argmax.default", "argmin.default", "cumsum.default", "cumprod.default",
-            "max.dim", "min.dim", "mean.dim", "sum.dim_IntList",
-            "prod.dim_int", "logsumexp.default", "var.correction",
-            "std.correction", "var_mean.correction", "sort.default", "sort.stable", "topk.default",
-            "linalg_vector_norm.default")
-
-
-def _back_to_meta(sig, out):
-    """Reshape results computed on 1-element vectors to the op's output shapes."""
-    if isinstance(out, (tuple, list)):
-        return tuple(jnp.reshape(o, m.shape) for o, m in zip(out, sig.outs))
-    return jnp.reshape(out, sig.outs[0].shape)
-
-
-def _as_vector_if_0d(fn):
-    def wrapped(sig, x, *args, **kwargs):
-        if getattr(x, "ndim", None) == 0:
-            return _back_to_meta(sig, fn(sig, x.reshape(1), *args, **kwargs))
-        return fn(sig, x, *args, **kwargs)
-
-    return _mark(wrapped, fn)
-
-
-def _as_vector_index_too(fn):
-    """gather / index_select: a 0-d index goes with a 0-d input."""
-    def wrapped(sig, x, dim, index, *args, **kwargs):
-        if getattr(x, "ndim", None) == 0:
-            index = index.reshape(1) if getattr(index, "ndim", None) == 0 else index
-            return _back_to_meta(sig, fn(sig, x.reshape(1), dim, index, *args, **kwargs))
-        return fn(sig, x, dim, index, *args, **kwargs)
-
-    return _mark(wrapped, fn)
-
-
-def _mark(wrapped, fn):
-    wrapped._lazyxla_0d = True
-    wrapped.__name__ = getattr(fn, "__name__", "lowering")
-    wrapped.__doc__ = fn.__doc__
-    wrapped.__wrapped__ = fn
-    return wrapped
-
-
-def _as_vector_all_0d(fn):
-    """scatter / scatter_add: a 0-d input goes with a 0-d index and source."""
-    def wrapped(sig, x, dim, index, src, *args, **kwargs):
-        if getattr(x, "ndim", None) == 0:
-            index = index.reshape(1) if getattr(index, "ndim", None) == 0 else index
-            src = src.reshape(1) if getattr(src, "ndim", None) == 0 else src
-            return _back_to_meta(sig, fn(sig, x.reshape(1), dim, index, src, *args, **kwargs))
-        return fn(sig, x, dim, index, src, *args, **kwargs)
-
-    return _mark(wrapped, fn)
-
-
-_INDEXED = ("gather.default", "index_select.default")
-_SCATTERS = ("scatter.src", "scatter.value", "scatter.reduce", "scatter.value_reduce",
-             "scatter_add.default")
-
-
-def _wrap_edge_cases():
-    for name in _DIM_OPS + _INDEXED + _SCATTERS:
-        for op in _resolve(name):
-            fn = LOWERINGS.get(op)
-            if fn is None or getattr(fn, "_lazyxla_0d", False):
-                continue
-            wrap = (_as_vector_index_too if name in _INDEXED else
-                    _as_vector_all_0d if name in _SCATTERS else _as_vector_if_0d)
-            LOWERINGS[op] = wrap(fn)
-
-
-_wrap_edge_cases()

@@ -36,30 +36,30 @@ def _acc(x, out_dt):
     return x
 
 
-@register("sum.default", "sum.dim_IntList")
+@register("sum.default", "sum.dim_IntList", zero_d="input")
 def _sum(sig, x, dim=None, keepdim=False, dtype=None):
     od = _out_dt(sig)
     return jnp.sum(_acc(x, od), axis=_dims(x, dim), keepdims=keepdim)
 
 
-@register("mean.default", "mean.dim")
+@register("mean.default", "mean.dim", zero_d="input")
 def _mean(sig, x, dim=None, keepdim=False, dtype=None):
     od = _out_dt(sig)
     return jnp.mean(_acc(x, od), axis=_dims(x, dim), keepdims=keepdim)
 
 
-@register("prod.default", "prod.dim_int")
+@register("prod.default", "prod.dim_int", zero_d="input")
 def _prod(sig, x, dim=None, keepdim=False, dtype=None):
     od = _out_dt(sig)
     return jnp.prod(_acc(x, od), axis=_dims(x, dim), keepdims=keepdim)
 
 
-@register("amax.default")
+@register("amax.default", zero_d="input")
 def _amax(sig, x, dim=(), keepdim=False):
     return jnp.max(x, axis=_dims(x, dim), keepdims=keepdim)
 
 
-@register("amin.default")
+@register("amin.default", zero_d="input")
 def _amin(sig, x, dim=(), keepdim=False):
     return jnp.min(x, axis=_dims(x, dim), keepdims=keepdim)
 
@@ -74,19 +74,19 @@ def _min_all(sig, x):
     return jnp.min(x)
 
 
-@register("max.dim")
+@register("max.dim", zero_d="input")
 def _max_dim(sig, x, dim, keepdim=False):
     d = dim % max(x.ndim, 1)
     return jnp.max(x, axis=d, keepdims=keepdim), jnp.argmax(x, axis=d, keepdims=keepdim)
 
 
-@register("min.dim")
+@register("min.dim", zero_d="input")
 def _min_dim(sig, x, dim, keepdim=False):
     d = dim % max(x.ndim, 1)
     return jnp.min(x, axis=d, keepdims=keepdim), jnp.argmin(x, axis=d, keepdims=keepdim)
 
 
-@register("argmax.default")
+@register("argmax.default", zero_d="input")
 def _argmax(sig, x, dim=None, keepdim=False):
     if dim is None:
         r = jnp.argmax(x.reshape(-1))
@@ -94,7 +94,7 @@ def _argmax(sig, x, dim=None, keepdim=False):
     return jnp.argmax(x, axis=dim % max(x.ndim, 1), keepdims=keepdim)
 
 
-@register("argmin.default")
+@register("argmin.default", zero_d="input")
 def _argmin(sig, x, dim=None, keepdim=False):
     if dim is None:
         r = jnp.argmin(x.reshape(-1))
@@ -102,12 +102,12 @@ def _argmin(sig, x, dim=None, keepdim=False):
     return jnp.argmin(x, axis=dim % max(x.ndim, 1), keepdims=keepdim)
 
 
-@register("any.default", "any.dim", "any.dims")
+@register("any.default", "any.dim", "any.dims", zero_d="input")
 def _any(sig, x, dim=None, keepdim=False):
     return jnp.any(x, axis=_dims(x, dim), keepdims=keepdim)
 
 
-@register("all.default", "all.dim", "all.dims")
+@register("all.default", "all.dim", "all.dims", zero_d="input")
 def _all(sig, x, dim=None, keepdim=False):
     return jnp.all(x, axis=_dims(x, dim), keepdims=keepdim)
 
@@ -118,26 +118,26 @@ def _correction(correction, unbiased=None):
     return correction
 
 
-@register("var.correction")
+@register("var.correction", zero_d="input")
 def _var(sig, x, dim=None, correction=None, keepdim=False):
     xa = _acc(x, None)
     return jnp.var(xa, axis=_dims(x, dim), ddof=_correction(correction), keepdims=keepdim)
 
 
-@register("std.correction")
+@register("std.correction", zero_d="input")
 def _std(sig, x, dim=None, correction=None, keepdim=False):
     xa = _acc(x, None)
     return jnp.std(xa, axis=_dims(x, dim), ddof=_correction(correction), keepdims=keepdim)
 
 
-@register("var_mean.correction")
+@register("var_mean.correction", zero_d="input")
 def _var_mean(sig, x, dim=None, correction=None, keepdim=False):
     xa = _acc(x, None)
     ax = _dims(x, dim)
     return jnp.var(xa, axis=ax, ddof=_correction(correction), keepdims=keepdim), jnp.mean(xa, axis=ax, keepdims=keepdim)
 
 
-@register("linalg_vector_norm.default", static=("ord",))
+@register("linalg_vector_norm.default", static=("ord",), zero_d="input")
 def _vnorm(sig, x, ord=2, dim=None, keepdim=False, dtype=None):
     xa = jnp.abs(_acc(x, None))
     ax = _dims(x, dim)
@@ -155,22 +155,22 @@ def _vnorm(sig, x, ord=2, dim=None, keepdim=False, dtype=None):
     return jnp.sum(xa ** ordv, axis=ax, keepdims=keepdim) ** (1.0 / ordv)
 
 
-@register("logsumexp.default")
+@register("logsumexp.default", zero_d="input")
 def _logsumexp(sig, x, dim, keepdim=False):
     return jax.scipy.special.logsumexp(_acc(x, None), axis=_dims(x, dim), keepdims=keepdim)
 
 
-@register("cumsum.default")
+@register("cumsum.default", zero_d="input")
 def _cumsum(sig, x, dim, dtype=None):
     return jnp.cumsum(_acc(x, _out_dt(sig)), axis=dim % max(x.ndim, 1))
 
 
-@register("cumprod.default")
+@register("cumprod.default", zero_d="input")
 def _cumprod(sig, x, dim, dtype=None):
     return jnp.cumprod(_acc(x, _out_dt(sig)), axis=dim % max(x.ndim, 1))
 
 
-@register("sort.default", "sort.stable")
+@register("sort.default", "sort.stable", zero_d="input")
 def _sort(sig, x, *a, dim=-1, descending=False, stable=None):
     if a:  # sort.default(self, dim, descending)
         dim = a[0]
@@ -181,7 +181,7 @@ def _sort(sig, x, *a, dim=-1, descending=False, stable=None):
     return jnp.take_along_axis(x, idx, axis=d), idx
 
 
-@register("topk.default")
+@register("topk.default", zero_d="input")
 def _topk(sig, x, k, dim=-1, largest=True, sorted=True):
     d = dim % max(x.ndim, 1)
     xm = jnp.moveaxis(x, d, -1)
@@ -244,6 +244,6 @@ def _index(sig, x, indices):
     return x[idx]
 
 
-@register("gather.default")
+@register("gather.default", zero_d="index")
 def _gather(sig, x, dim, index, sparse_grad=False):
     return jnp.take_along_axis(x, index, axis=dim % max(x.ndim, 1))

@@ -183,7 +183,7 @@ def _pad(sig, x, pad, value=0):
     return jax.lax.pad(x, jnp.asarray(value, x.dtype), cfg)
 
 
-@register("index_select.default")
+@register("index_select.default", zero_d="index")
 def _index_select(sig, x, dim, index):
     return jnp.take(x, index, axis=dim % max(x.ndim, 1))
 
@@ -205,7 +205,7 @@ def _scatter_idx(x, dim, index):
     return tuple(grids)
 
 
-@register("scatter.src", "scatter.value")
+@register("scatter.src", "scatter.value", zero_d="all")
 def _scatter(sig, x, dim, index, src):
     idx = _scatter_idx(x, dim, index)
     if hasattr(src, "shape") and src.ndim:
@@ -213,7 +213,7 @@ def _scatter(sig, x, dim, index, src):
     return x.at[idx].set(jnp.asarray(src, x.dtype))
 
 
-@register("scatter.reduce", "scatter.value_reduce")
+@register("scatter.reduce", "scatter.value_reduce", zero_d="all")
 def _scatter_reduce_legacy(sig, x, dim, index, src, reduce):
     idx = _scatter_idx(x, dim, index)
     if hasattr(src, "shape") and src.ndim:
@@ -222,7 +222,7 @@ def _scatter_reduce_legacy(sig, x, dim, index, src, reduce):
     return x.at[idx].add(src) if reduce == "add" else x.at[idx].multiply(src)
 
 
-@register("scatter_add.default")
+@register("scatter_add.default", zero_d="all")
 def _scatter_add(sig, x, dim, index, src):
     idx = _scatter_idx(x, dim, index)
     return x.at[idx].add(src[tuple(slice(0, n) for n in index.shape)].astype(x.dtype))
