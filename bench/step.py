@@ -3,6 +3,14 @@
 MLP 784-512-512-10, batch 128, SGD with momentum 0.9, cross-entropy. Prints ms per step for
 each system and the ratios, all measured in this one run. ``--explain`` adds a lazyxla run
 with LAZYXLA_EXPLAIN_RECOMPILES on and reports that ratio too.
+
+Then it says where lazyxla's step goes, from three more runs:
+- lazyxla with every step waited for: the host's part (tracing, and sync up to the program's
+  dispatch) and the program's own run time (ExecuteTime);
+- jax.jit returning what lazyxla's program must return under PyTorch's semantics (the loss
+  and every ``.grad`` are live tensors after the step), not just the new state;
+- the same PyTorch step on a ``__torch_dispatch__`` subclass that records nothing: what any
+  tracer written in Python pays PyTorch (autograd, dispatcher, Python wrappers) per step.
 Usage: python bench/step.py [--steps N] [--repeats R] [--explain]
 """
 from __future__ import annotations
@@ -80,7 +88,103 @@ def bench_lazyxla_explaining(n):
         explain.EXPLAIN = old
 
 
-def bench_jax(n):
+def bench_lazyxla_waited(n):
+    """Each step waited for: (host ms, program ms) per step, medians."""
+    import lazyxla
+    import lazyxla.debug.metrics as met
+    dev = lazyxla.device()
+    model = torch_model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = make_data()
+    x, y = x.to(dev), y.to(dev)
+    host = []
+    for i in range(n + 5):
+        if i == 5:
+            met.clear_metrics()
+            host.clear()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        lazyxla.sync()
+        host.append(time.perf_counter() - t0)
+        lazyxla.wait_device_ops()
+    run = statistics.median(v for _, v in met.metric_data("ExecuteTime")[2]) / 1e6
+    return statistics.median(host) * 1e3, run
+
+
+class _Bare(torch.Tensor):
+    """Records nothing: each op returns new wrappers of the right shapes (found once per
+    signature on the meta device); in-place ops return their target."""
+
+    _outs: dict = {}
+    _inplace: dict = {}
+
+    @staticmethod
+    def __new__(cls, shape, dtype, requires_grad=False):
+        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="meta",
+                                                   requires_grad=requires_grad)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kind = cls._inplace.get(func)
+        if kind is None:
+            sch = func._schema
+            kind = cls._inplace[func] = (
+                "foreach" if sch.name.startswith("aten::_foreach_") and sch.name.endswith("_") else
+                "inplace" if sch.arguments and sch.arguments[0].alias_info is not None
+                and sch.arguments[0].alias_info.is_write else "new")
+        if kind == "foreach":
+            return None
+        if kind == "inplace":
+            return args[0]
+        key = (func, *map(_Bare._key, args))
+        metas = cls._outs.get(key)
+        if metas is None:
+            def meta(a):
+                if isinstance(a, torch.Tensor):
+                    return torch.empty(a.shape, dtype=a.dtype, device="meta")
+                if isinstance(a, (list, tuple)):
+                    return type(a)(meta(t) for t in a)
+                return a
+            out = func(*meta(list(args)), **{k: meta(v) for k, v in (kwargs or {}).items()})
+            metas = cls._outs[key] = out
+        return _Bare._wrap(metas)
+
+    @staticmethod
+    def _key(a):
+        if isinstance(a, torch.Tensor):
+            return a.shape, a.dtype
+        if isinstance(a, (list, tuple)):
+            return tuple(map(_Bare._key, a))
+        return a
+
+    @staticmethod
+    def _wrap(o):
+        if isinstance(o, torch.Tensor):
+            return _Bare(o.shape, o.dtype)
+        if isinstance(o, (list, tuple)):
+            return type(o)(_Bare._wrap(t) for t in o)
+        return o
+
+
+def bench_bare_dispatch(n):
+    model = torch_model()
+    for m in model:
+        if isinstance(m, nn.Linear):
+            m.weight = nn.Parameter(_Bare(m.weight.shape, m.weight.dtype))
+            m.bias = nn.Parameter(_Bare(m.bias.shape, m.bias.dtype))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = _Bare((BATCH, SIZES[0]), torch.float32), _Bare((BATCH,), torch.int64)
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return time_loop(step, n, lambda: None)
+
+
+def bench_jax(n, same_outputs=False):
     import jax
     import jax.numpy as jnp
     jax.config.update("jax_enable_x64", True)
@@ -100,21 +204,17 @@ def bench_jax(n):
         logp = jax.nn.log_softmax(h)
         return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
 
-    @jax.jit
-    def _unused(p):
-        return p
-
     def update(params, mom, x, y):
-        g = jax.grad(loss_fn)(params, x, y)
+        loss, g = jax.value_and_grad(loss_fn)(params, x, y)
         mom = jax.tree_util.tree_map(lambda m, gg: 0.9 * m + gg, mom, g)
         params = jax.tree_util.tree_map(lambda p, m: p - 0.01 * m, params, mom)
-        return params, mom
+        return (params, mom, loss, g) if same_outputs else (params, mom)
 
     update = jax.jit(update, donate_argnums=(0, 1))
     state = [params, mom]
 
     def step():
-        state[0], state[1] = update(state[0], state[1], x, y)
+        state[0], state[1], *_ = update(state[0], state[1], x, y)
     return time_loop(step, n, lambda: jax.block_until_ready(state))
 
 
@@ -124,6 +224,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--explain", action="store_true",
                     help="also run lazyxla with LAZYXLA_EXPLAIN_RECOMPILES on and report that ratio")
+    ap.add_argument("--no-breakdown", action="store_true", help="skip the runs that say where the step goes")
     args = ap.parse_args(argv)
     results = {"jax.jit": [], "lazyxla": [], "eager": []}
     fns = {"jax.jit": bench_jax, "lazyxla": bench_lazyxla, "eager": bench_eager}
@@ -144,6 +245,23 @@ def main(argv=None):
     import lazyxla.debug.metrics as met
     print(f"lazyxla compiles: UncachedCompile={met.counter_value('UncachedCompile')}, "
           f"CachedCompile={met.counter_value('CachedCompile')}")
+    if args.no_breakdown:
+        return
+    waited, jax_out, bare = [], [], []
+    for _ in range(args.repeats):
+        waited.append(bench_lazyxla_waited(args.steps))
+        jax_out.append(bench_jax(args.steps, same_outputs=True))
+        bare.append(bench_bare_dispatch(args.steps))
+    host = statistics.median(h for h, _ in waited)
+    run = statistics.median(r for _, r in waited)
+    jo, floor = statistics.median(jax_out), statistics.median(bare)
+    print("\nwhere lazyxla's step goes (each step waited for):")
+    print(f"  host: tracing + sync         {host:7.3f} ms")
+    print(f"  program run (ExecuteTime)    {run:7.3f} ms")
+    print(f"  jax.jit with lazyxla's outputs (loss, grads too)  {jo:7.3f} ms/step")
+    print(f"  PyTorch step on a bare __torch_dispatch__ subclass that records nothing  {floor:7.3f} ms/step")
+    print(f"  floor for any Python tracer: {jo:.3f} + {floor:.3f} = {jo + floor:.3f} ms waited, "
+          f"ratio to jax.jit {(jo + floor) / med['jax.jit']:.3f}")
 
 
 if __name__ == "__main__":

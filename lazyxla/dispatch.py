@@ -34,7 +34,8 @@ from .tensor import DEVICE, LazyTensor, Storage, to_device, value_of
 aten = torch.ops.aten
 _now = metrics.now_ns
 _counter_inc = metrics.counter_inc
-TRACE_NS: list = []  # per-op tracing time, flushed into the LazyTracing metric at each sync
+_COUNTERS = metrics.COUNTERS
+TRACE_NS = metrics.pending_samples("LazyTracing", "time")  # per-op tracing time
 
 NO_SPECIAL_SCALARS = os.environ.get("XLA_NO_SPECIAL_SCALARS", "0") not in ("", "0", "false", "False")
 
@@ -418,7 +419,8 @@ def _record(func, info, args, kwargs, t0=None):
         if mode == "implicit":
             return func.decompose(*args, **(kwargs or {}))
         return _fallback(func, info, args, kwargs)
-    _counter_inc(info.counter)
+    c = info.counter
+    _COUNTERS[c] = _COUNTERS.get(c, 0) + 1
     sig = entry.sig
     # operand values
     vals = []

@@ -15,7 +15,7 @@ May touch: storages of live tensors, the compilation cache, the RNG state, metri
 from __future__ import annotations
 
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import contextlib
 import os
@@ -43,39 +43,46 @@ class ExecutionError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------------------
-# Asynchronous execution (R4.4): one worker runs programs in order, so tracing the next step
-# overlaps the device running this one. Outputs are placeholders until the program is done.
-_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazyxla-exec")
+# Asynchronous execution (R4.4). JAX dispatches a program on the CPU asynchronously: the call
+# returns its output arrays at once and XLA's threads compute them, so tracing the next step
+# overlaps this one. One completion thread waits on each program in order, to record
+# ExecuteTime and to catch a failure, which surfaces at the next wait or value read.
+_waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazyxla-exec")
 MAX_INFLIGHT = 2
-_inflight = deque()  # futures not yet waited on by wait_device_ops, oldest first
+_inflight = deque()  # completion futures not yet waited on by wait_device_ops, oldest first
+_last_done = [0]  # when the previous program finished (ExecuteTime counts from then if later)
 
 
 class Placeholder:
-    """An output buffer of a scheduled program; ``get()`` waits for it."""
+    """An output buffer of a dispatched program: the array (perhaps not computed yet) and
+    the program's completion, which says whether it failed."""
 
-    __slots__ = ("future", "index", "_array")
+    __slots__ = ("future", "array")
 
-    def __init__(self, future, index):
+    def __init__(self, future, array):
         self.future = future
-        self.index = index
-        self._array = None
+        self.array = array
+
+    def failure(self):
+        """The program's failure if it has finished and failed; does not wait."""
+        f = self.future
+        return f.exception() if f.done() else None
 
     def get(self):
-        a = self._array
-        if a is None:
-            err = self.future.exception()
-            if err is not None:
-                try:  # reported here: the next wait_device_ops() does not report it again
-                    _inflight.remove(self.future)
-                except ValueError:
-                    pass
-                # a fresh exception: re-raising the stored one would pin the caller's frames
-                raise ExecutionError(str(err)) from None
-            a = self._array = self.future.result()[self.index]
-        return a
+        """The computed array; waits for the program and raises if it failed."""
+        err = self.future.exception()
+        if err is not None:
+            try:  # reported here: the next wait_device_ops() does not report it again
+                _inflight.remove(self.future)
+            except ValueError:
+                pass
+            # a fresh exception: re-raising the stored one would pin the caller's frames
+            raise ExecutionError(str(err)) from None
+        return self.array
 
 
 def resolve(d):
+    """The jax.Array behind a storage's data, computed; raises if its program failed."""
     a = d.get() if type(d) is Placeholder else d
     if a.is_deleted():
         raise ExecutionError("lazyxla: this tensor's device buffer was donated to a program "
@@ -83,19 +90,36 @@ def resolve(d):
     return a
 
 
-def _run(executable, key, datas):
-    try:
-        args = [resolve(d) for d in datas]
-    except ExecutionError as e:
-        raise ExecutionError(f"lazyxla: graph {key.hex()} not run: an input comes from a failed graph ({e})") from None
-    t0 = _now()
-    try:
-        outs = executable(*args)
-        jax.block_until_ready(outs)
-    except Exception as e:  # noqa: BLE001 - surfaced at the next wait or read
-        raise ExecutionError(f"lazyxla: execution of graph {key.hex()} failed: {type(e).__name__}: {e}") from None
-    metrics.metric_add("ExecuteTime", _now() - t0, "time")
-    return outs
+def _argument(d):
+    """The jax.Array to pass to the next program; does not wait for it to be computed."""
+    if type(d) is Placeholder:
+        err = d.failure()
+        if err is not None:
+            raise ExecutionError(str(err))
+        d = d.array
+    if d.is_deleted():
+        raise ExecutionError("lazyxla: an input's device buffer was donated to a program "
+                             "(lazyxla.set_buffer_donation) and no longer exists")
+    return d
+
+
+def _await(outs, key, t0):
+    for a in outs:
+        try:
+            a.block_until_ready()
+        except Exception as e:  # noqa: BLE001 - surfaced at the next wait or read
+            if a.is_deleted():
+                continue  # donated to a later program, which waits on it (and fails if it failed)
+            raise ExecutionError(f"lazyxla: execution of graph {key.hex()} failed: {type(e).__name__}: {e}") from None
+    t1 = _now()
+    metrics.metric_add("ExecuteTime", t1 - max(t0, _last_done[0]), "time")
+    _last_done[0] = t1
+
+
+def _failed(message):
+    f = Future()
+    f.set_exception(ExecutionError(message))
+    return f
 
 
 def wait_device_ops():
@@ -124,21 +148,38 @@ class Graph:
     __slots__ = ("roots", "post", "params", "sequence")
 
     def __init__(self, roots):
+        # One pass: the post-order of ir.post_order (same order: last operand first), with
+        # each buffer's parameter index given when its leaf is reached and each use by an op
+        # node listed when that node is.
         self.roots = roots
-        post = post_order(roots)
-        self.post = post
-        params, seq, index = [], [], {}
-        for n in post:
-            d = n.data
-            if d is not None:
-                if id(d) not in index:
-                    index[id(d)] = len(params)
-                    params.append(n)
+        done = set()
+        post, params, seq, index = [], [], [], {}
+        for root, _ in roots:
+            if id(root) in done:
                 continue
-            for o, _ in n.operands:
-                od = o.data
-                if od is not None:
-                    seq.append(index[id(od)])
+            stack = [(root, False)]
+            while stack:
+                node, expanded = stack.pop()
+                if id(node) in done:
+                    continue
+                operands = node.operands
+                if operands and not expanded:
+                    stack.append((node, True))
+                    stack.extend([(o, False) for o, _ in operands if id(o) not in done])
+                    continue
+                done.add(id(node))
+                post.append(node)
+                d = node.data
+                if d is not None:
+                    if id(d) not in index:
+                        index[id(d)] = len(params)
+                        params.append(node)
+                    continue
+                for o, _ in operands:
+                    od = o.data
+                    if od is not None:
+                        seq.append(index[id(od)])
+        self.post = post
         self.params = params
         self.sequence = seq
 
@@ -294,28 +335,43 @@ def _describe_failure(what, trace, graph, e):
 
 
 def _execute(prog: CachedProgram, graph: Graph):
-    """Schedule the program; returns one Placeholder per root, at once.
+    """Dispatch the program; returns one Placeholder per root, at once.
 
-    At most ``MAX_INFLIGHT`` programs are queued or running (torch_xla's device lock allows
-    one): tracing the next steps overlaps running this one, and a runaway queue cannot
-    pin many steps' buffers.
+    At most ``MAX_INFLIGHT`` programs are in flight (torch_xla's device lock allows one):
+    tracing the next steps overlaps running this one, and a runaway queue cannot pin many
+    steps' buffers. A failure to dispatch surfaces at the next wait or read, as one while
+    running does.
     """
     if len(_inflight) >= MAX_INFLIGHT:
         wait([_inflight[-MAX_INFLIGHT]])
-    fut = _worker.submit(_run, prog.executable, prog.key, [p.data for p in graph.params])
+    key = prog.key
+    try:
+        args = [_argument(p.data) for p in graph.params]
+    except ExecutionError as e:
+        fut, outs = _failed(f"lazyxla: graph {key.hex()} not run: an input comes from a failed graph ({e})"), None
+    else:
+        t0 = _now()
+        try:
+            outs = prog.executable(*args)
+        except Exception as e:  # noqa: BLE001 - surfaced at the next wait or read
+            fut, outs = _failed(f"lazyxla: execution of graph {key.hex()} failed: {type(e).__name__}: {e}"), None
+        else:
+            fut = _waiter.submit(_await, outs, key, t0)
     while _inflight and _inflight[0].done() and _inflight[0].exception() is None:
-        _inflight.popleft()  # finished cleanly: nothing to report, and its outputs are not pinned
+        _inflight.popleft()  # finished cleanly: nothing to report
     _inflight.append(fut)
     metrics.counter_inc("ExecuteComputation")
-    return [Placeholder(fut, i) for i in range(prog.n_outputs)]
+    if outs is None:
+        return [Placeholder(fut, None) for _ in range(prog.n_outputs)]
+    return [Placeholder(fut, a) for a in outs]
+
+
+_TRACE_NS = metrics.pending_samples("LazyTracing", "time")  # dispatch appends one per traced op
 
 
 def _flush_tracing():
-    from .dispatch import TRACE_NS
-    if TRACE_NS:
-        samples = TRACE_NS[:]
-        del TRACE_NS[:len(samples)]
-        metrics.metric_add_many("LazyTracing", samples, "time")
+    if len(_TRACE_NS) >= 1024:  # a metric keeps its last XLA_METRICS_SAMPLES; reads flush the rest
+        metrics.flush_pending()
 
 
 # ---------------------------------------------------------------------------------------

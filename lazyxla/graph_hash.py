@@ -17,6 +17,7 @@ Touches nothing but its own trace objects (and reads the environment once).
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 
@@ -49,9 +50,12 @@ class Step:
 
     @property
     def summary(self) -> str:
-        if self._summary is None:
-            self._summary = _describe_root(self.detail)
-        return self._summary
+        s = self._summary
+        if s is None:
+            s = self._summary = _describe_root(self.detail)
+        elif callable(s):  # written only when someone reads it: lookups are on the hot path
+            s = self._summary = s()
+        return s
 
     def as_dict(self):
         return {"site": self.site, "summary": self.summary, "ingredient": self.ingredient.hex(),
@@ -149,17 +153,24 @@ def compute(force_ltc_data: bool, roots, param_sequence, donated, auto_sharding=
         steps.append(Step("tensors", None, vh, h, desc))
     ph = fold(b"params", ",".join(map(str, param_sequence)).encode())
     h = merge(h, ph)
-    steps.append(Step("parameters", f"parameter sequence {_short_list(param_sequence)}", ph, h, param_sequence))
+    steps.append(Step("parameters", lambda: f"parameter sequence {_short_list(param_sequence)}", ph, h,
+                      param_sequence))
     if donated:
-        dh = fold(b"donors", ",".join(map(str, sorted(donated))).encode())
+        donors = sorted(donated)
+        dh = fold(b"donors", ",".join(map(str, donors)).encode())
         h = merge(h, dh)
-        steps.append(Step("donation", f"donated parameters {sorted(donated)}", dh, h, sorted(donated)))
-    mesh = os.environ.get("XLA_AUTO_SPMD_MESH", "")
-    sh = fold(encode(bool(auto_sharding)), encode(mesh))
+        steps.append(Step("donation", lambda: f"donated parameters {donors}", dh, h, donors))
+    sh, summary = _sharding(bool(auto_sharding), os.environ.get("XLA_AUTO_SPMD_MESH", ""))
     h = merge(h, sh)
-    steps.append(Step("sharding", f"auto-sharding={'on' if auto_sharding else 'off'}, XLA_AUTO_SPMD_MESH='{mesh}'",
-                      sh, h))
+    steps.append(Step("sharding", summary, sh, h))
     return trace
+
+
+@functools.lru_cache(maxsize=64)
+def _sharding(auto_sharding: bool, mesh: str):
+    """The sharding ingredient and its summary (the flag with the mesh's text)."""
+    return (fold(encode(auto_sharding), encode(mesh)),
+            f"auto-sharding={'on' if auto_sharding else 'off'}, XLA_AUTO_SPMD_MESH='{mesh}'")
 
 
 def _short_list(xs, n=12):

@@ -85,7 +85,7 @@ class OpSig:
     which ``Slot(i)`` stands for operand ``i``. ``hb`` is the signature's hash.
     """
 
-    __slots__ = ("op", "func", "lower", "template", "outs", "hb", "single", "params_text", "cdtype",
+    __slots__ = ("op", "func", "lower", "template", "outs", "hb", "hv", "single", "params_text", "cdtype",
                  "__weakref__")
 
     def __init__(self, op, func, lower, template, outs, params_text="", cdtype=None):
@@ -98,6 +98,7 @@ class OpSig:
         self.params_text = params_text
         self.cdtype = cdtype
         self.hb = fold(b"op", encode(op), encode(template), encode(self.outs))
+        self.hv = (self.hb, _value_hashes(self.hb, self))  # a node without operands hashes as its signature
 
 
 class Slot:
@@ -115,6 +116,26 @@ class Slot:
         return b"%" + str(self.i).encode() + b";"
 
 
+# A steady training loop records the same nodes every step: their hashes are remembered by
+# (signature hash, operand hashes). The memo only saves work; the hash is the BLAKE2b fold.
+_NODE_HASHES: dict = {}
+
+
+def _node_hash(k, sig):
+    if len(_NODE_HASHES) >= 1 << 18:
+        _NODE_HASHES.clear()
+    h = _blake2b(b"".join(k), digest_size=16).digest()
+    hv = _NODE_HASHES[k] = (h, _value_hashes(h, sig))
+    return hv
+
+
+def _value_hashes(h, sig):
+    """The hashes of a node's output values: the node's own for one output, else one each."""
+    if sig.single:
+        return (h,)
+    return tuple(fold(h, i.to_bytes(2, "little")) for i in range(len(sig.outs)))
+
+
 class Node:
     __slots__ = ("sig", "operands", "hash", "vh", "where", "data", "owner", "__weakref__")
 
@@ -125,14 +146,17 @@ class Node:
         self.data = data
         self.owner = owner  # device-data leaves: weakref to the storage the buffer belongs to
         if operands:
-            h = _blake2b(sig.hb + b"".join([n.vh[i] for n, i in operands]), digest_size=16).digest()
+            if len(operands) == 1:
+                (o, i), = operands
+                k = (sig.hb, o.vh[i])
+            else:
+                k = (sig.hb, *[n.vh[i] for n, i in operands])
+            hv = _NODE_HASHES.get(k)
+            if hv is None:
+                hv = _node_hash(k, sig)
+            self.hash, self.vh = hv
         else:
-            h = sig.hb
-        self.hash = h
-        if sig.single:
-            self.vh = (h,)
-        else:
-            self.vh = tuple(fold(h, i.to_bytes(2, "little")) for i in range(len(sig.outs)))
+            self.hash, self.vh = sig.hv
 
     @property
     def op(self):

@@ -88,6 +88,27 @@ def metric_add_many(name, values, kind="value"):
         m.samples.extend((ts, v) for v in values)
 
 
+# Samples taken on hot paths (one per traced op) are appended to a plain list, with no lock
+# and no timestamp; they join their metric at the next read (or flush_pending()).
+_PENDING = {}
+
+
+def pending_samples(name, kind):
+    """The list that a hot path appends raw samples of metric ``name`` to."""
+    entry = _PENDING.get(name)
+    if entry is None:
+        entry = _PENDING[name] = (kind, [])
+    return entry[1]
+
+
+def flush_pending():
+    for name, (kind, values) in list(_PENDING.items()):
+        if values:
+            batch = values[:]
+            del values[:len(batch)]
+            metric_add_many(name, batch, kind)
+
+
 @contextlib.contextmanager
 def timed(name):
     t0 = now_ns()
@@ -119,6 +140,7 @@ def _snapshot(name):
 
 
 def _live_metrics(names=None):
+    flush_pending()
     with _LOCK:
         wanted = sorted(_METRICS) if names is None else sorted(set(names) & set(_METRICS))
         snaps = [(n, _snapshot(n)) for n in wanted]
@@ -131,6 +153,7 @@ def metric_names():
 
 def metric_data(name):
     """(total_samples, accumulator, [(timestamp_seconds, value), ...]) or None."""
+    flush_pending()
     with _LOCK:
         snap = _snapshot(name)
     if snap is None:
@@ -144,6 +167,7 @@ def clear_counters():
 
 
 def clear_metrics():
+    flush_pending()
     with _LOCK:
         for m in _METRICS.values():  # the kind stays fixed
             m.count, m.acc = 0, 0.0

@@ -17,6 +17,7 @@ May touch: metrics counters. Knows nothing about ops, lowering or execution.
 from __future__ import annotations
 
 import itertools
+import os
 import weakref
 
 import torch
@@ -113,18 +114,18 @@ class Storage:
 
 _weakref = weakref.ref
 _ids = itertools.count(1)
-LIVE: dict = {}  # unique id -> weakref to LazyTensor, in creation order
+# The arena: weak references to live tensors, in creation order (a dict keeps insertion order;
+# a weak reference hashes as its tensor did, so a dead one still finds its entry).
+LIVE: dict = {}
+_counters = metrics.COUNTERS
 
 
-def _forget(uid):
-    def cb(_ref, _uid=uid, _live=LIVE, _inc=metrics.counter_inc):
-        _live.pop(_uid, None)
-        _inc("DestroyXlaTensor")
-    return cb
+def _forget(ref):
+    LIVE.pop(ref, None)
+    _counters["DestroyXlaTensor"] = _counters.get("DestroyXlaTensor", 0) + 1
 
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
-_counter_inc = metrics.counter_inc
 
 
 class LazyTensor(torch.Tensor):
@@ -141,16 +142,16 @@ class LazyTensor(torch.Tensor):
         t._ir = None
         t._sv = -1
         t._meta = meta
-        uid = next(_ids)
-        t._uid = uid
-        LIVE[uid] = _weakref(t, _forget(uid))
-        _counter_inc("CreateXlaTensor")
+        t._uid = next(_ids)
+        LIVE[_weakref(t, _forget)] = None
+        _counters["CreateXlaTensor"] = _counters.get("CreateXlaTensor", 0) + 1
         return t
 
     def __init__(self, *a, **k):
         pass
 
     __torch_function__ = torch._C._disabled_torch_function_impl
+    __hash__ = object.__hash__  # by identity, as torch.Tensor's, without a Python call (the arena hashes each)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -237,7 +238,7 @@ def to_device(host: torch.Tensor) -> LazyTensor:
 def live_tensors():
     """Live lazy tensors in creation order."""
     out = []
-    for ref in list(LIVE.values()):
+    for ref in list(LIVE):
         t = ref()
         if t is not None:
             out.append(t)
@@ -248,7 +249,24 @@ def device(index: int = 0) -> torch.device:
     """The lazy XLA device (torch_xla's ``torch_xla.device()``)."""
     if index != 0:
         raise ValueError(f"lazyxla has one logical device, lazyxla:0; asked for index {index}")
+    backward_in_calling_thread()
     return DEVICE
+
+
+# PyTorch's autograd engine runs the backward of a non-CPU device on a thread of its own; for
+# lazy tensors that only records IR, the hand-off costs more than the recording (two thread
+# wake-ups per backward on a busy machine). Turned off for the thread that imports lazyxla or
+# asks for its device (the setting is thread-local in PyTorch); LAZYXLA_AUTOGRAD_DEVICE_THREAD=1
+# keeps PyTorch's default.
+AUTOGRAD_DEVICE_THREAD = os.environ.get("LAZYXLA_AUTOGRAD_DEVICE_THREAD", "0") not in ("", "0", "false", "False")
+
+
+def backward_in_calling_thread():
+    if not AUTOGRAD_DEVICE_THREAD and torch._C._is_multithreading_enabled():
+        torch._C._set_multithreading_enabled(False)
+
+
+backward_in_calling_thread()
 
 
 from .dispatch import _dispatch  # noqa: E402  (dispatch imports this module)

@@ -11,6 +11,7 @@ import lazyxla.metrics as m
 def fresh_arena(monkeypatch):
     monkeypatch.setattr(m, "COUNTERS", {})
     monkeypatch.setattr(m, "_METRICS", {})
+    monkeypatch.setattr(m, "_PENDING", {})  # samples other tests' ops left to flush
 
 
 S = 1_000_000_000  # one second in ns
