@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import gc
 import itertools
+import os
 import re
+import subprocess
+import sys
+import threading
 
 import pytest
 import torch
@@ -362,3 +366,48 @@ def test_view_sees_later_update_before_and_after_sync():
     h[1] = 7.0
     lazyxla.sync()
     torch.testing.assert_close(a.cpu(), h)
+
+
+class _WhereIsBackward(torch.autograd.Function):
+    """Identity whose backward notes the thread it runs on."""
+    threads: list = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        _WhereIsBackward.threads.append(threading.get_ident())
+        return g
+
+
+def test_backward_runs_in_the_calling_thread():
+    # PyTorch runs a non-CPU device's backward on a thread of its own; lazyxla turns that
+    # hand-off off for the thread that asks for its device (backward only records IR).
+    x = torch.ones(3, device=DEV, requires_grad=True)
+    _WhereIsBackward.threads.clear()
+    _WhereIsBackward.apply(x).sum().backward()
+    assert _WhereIsBackward.threads == [threading.get_ident()]
+    assert x.grad.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_autograd_device_thread_can_be_kept():
+    code = (
+        "import threading, torch, lazyxla\n"
+        "dev = lazyxla.device()\n"
+        "seen = []\n"
+        "class F(torch.autograd.Function):\n"
+        "    @staticmethod\n"
+        "    def forward(ctx, x): return x * 1.0\n"
+        "    @staticmethod\n"
+        "    def backward(ctx, g):\n"
+        "        seen.append(threading.get_ident()); return g\n"
+        "x = torch.ones(3, device=dev, requires_grad=True)\n"
+        "F.apply(x).sum().backward()\n"
+        "print(seen[0] == threading.get_ident(), x.grad.tolist())\n"
+    )
+    env = dict(os.environ, LAZYXLA_AUTOGRAD_DEVICE_THREAD="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[0] == "False [1.0, 1.0, 1.0]"
