@@ -24,6 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from bare import Bare
+
 SIZES = (784, 512, 512, 10)
 BATCH = 128
 
@@ -113,69 +115,14 @@ def bench_lazyxla_waited(n):
     return statistics.median(host) * 1e3, run
 
 
-class _Bare(torch.Tensor):
-    """Records nothing: each op returns new wrappers of the right shapes (found once per
-    signature on the meta device); in-place ops return their target."""
-
-    _outs: dict = {}
-    _inplace: dict = {}
-
-    @staticmethod
-    def __new__(cls, shape, dtype, requires_grad=False):
-        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="meta",
-                                                   requires_grad=requires_grad)
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        kind = cls._inplace.get(func)
-        if kind is None:
-            sch = func._schema
-            kind = cls._inplace[func] = (
-                "foreach" if sch.name.startswith("aten::_foreach_") and sch.name.endswith("_") else
-                "inplace" if sch.arguments and sch.arguments[0].alias_info is not None
-                and sch.arguments[0].alias_info.is_write else "new")
-        if kind == "foreach":
-            return None
-        if kind == "inplace":
-            return args[0]
-        key = (func, *map(_Bare._key, args))
-        metas = cls._outs.get(key)
-        if metas is None:
-            def meta(a):
-                if isinstance(a, torch.Tensor):
-                    return torch.empty(a.shape, dtype=a.dtype, device="meta")
-                if isinstance(a, (list, tuple)):
-                    return type(a)(meta(t) for t in a)
-                return a
-            out = func(*meta(list(args)), **{k: meta(v) for k, v in (kwargs or {}).items()})
-            metas = cls._outs[key] = out
-        return _Bare._wrap(metas)
-
-    @staticmethod
-    def _key(a):
-        if isinstance(a, torch.Tensor):
-            return a.shape, a.dtype
-        if isinstance(a, (list, tuple)):
-            return tuple(map(_Bare._key, a))
-        return a
-
-    @staticmethod
-    def _wrap(o):
-        if isinstance(o, torch.Tensor):
-            return _Bare(o.shape, o.dtype)
-        if isinstance(o, (list, tuple)):
-            return type(o)(_Bare._wrap(t) for t in o)
-        return o
-
-
 def bench_bare_dispatch(n):
     model = torch_model()
     for m in model:
         if isinstance(m, nn.Linear):
-            m.weight = nn.Parameter(_Bare(m.weight.shape, m.weight.dtype))
-            m.bias = nn.Parameter(_Bare(m.bias.shape, m.bias.dtype))
+            m.weight = nn.Parameter(Bare(m.weight.shape, m.weight.dtype))
+            m.bias = nn.Parameter(Bare(m.bias.shape, m.bias.dtype))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x, y = _Bare((BATCH, SIZES[0]), torch.float32), _Bare((BATCH,), torch.int64)
+    x, y = Bare((BATCH, SIZES[0]), torch.float32), Bare((BATCH,), torch.int64)
 
     def step():
         opt.zero_grad()
