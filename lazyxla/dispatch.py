@@ -27,7 +27,6 @@ import torch
 from torch._ops import OpOverload
 
 from . import lowering, metrics, rng
-from .hashing import encode
 from .ir import Node, OpSig, Slot, TensorMeta, data_leaf, fmt_where, user_frame
 from .tensor import DEVICE, LazyTensor, Storage, to_device, value_of
 

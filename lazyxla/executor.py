@@ -27,7 +27,7 @@ from . import graph_hash, metrics, persistent_cache, rng
 from .cache import CachedProgram, computation_cache
 from .ir import post_order
 from .lowering import build_program
-from .tensor import LazyTensor, live_tensors, value_of
+from .tensor import live_tensors, value_of
 
 _now = metrics.now_ns
 # R9.2: XLA_ENABLE_PARAM_ALIASING=0 turns buffer donation off (read once).
@@ -148,38 +148,21 @@ class Graph:
     __slots__ = ("roots", "post", "params", "sequence")
 
     def __init__(self, roots):
-        # One pass: the post-order of ir.post_order (same order: last operand first), with
-        # each buffer's parameter index given when its leaf is reached and each use by an op
-        # node listed when that node is.
         self.roots = roots
-        done = set()
-        post, params, seq, index = [], [], [], {}
-        for root, _ in roots:
-            if id(root) in done:
-                continue
-            stack = [(root, False)]
-            while stack:
-                node, expanded = stack.pop()
-                if id(node) in done:
-                    continue
-                operands = node.operands
-                if operands and not expanded:
-                    stack.append((node, True))
-                    stack.extend([(o, False) for o, _ in operands if id(o) not in done])
-                    continue
-                done.add(id(node))
-                post.append(node)
-                d = node.data
-                if d is not None:
-                    if id(d) not in index:
-                        index[id(d)] = len(params)
-                        params.append(node)
-                    continue
-                for o, _ in operands:
-                    od = o.data
-                    if od is not None:
-                        seq.append(index[id(od)])
+        post = post_order(roots)
         self.post = post
+        params, seq, index = [], [], {}
+        for n in post:
+            d = n.data
+            if d is not None:
+                if id(d) not in index:
+                    index[id(d)] = len(params)
+                    params.append(n)
+                continue
+            for o, _ in n.operands:
+                od = o.data
+                if od is not None:
+                    seq.append(index[id(od)])
         self.params = params
         self.sequence = seq
 

@@ -294,20 +294,15 @@ def post_order(roots):
     for root, _ in roots:
         if id(root) in done:
             continue
-        stack = [root]
+        stack = [(root, False)]  # (node, its operands already pushed)
         while stack:
-            node = stack[-1]
-            nid = id(node)
-            if nid in done:
-                stack.pop()
+            node, expanded = stack.pop()
+            if id(node) in done:
                 continue
-            pushed = False
-            for opnd, _ in node.operands:
-                if id(opnd) not in done:
-                    stack.append(opnd)
-                    pushed = True
-            if not pushed:
-                stack.pop()
-                done.add(nid)
-                order.append(node)
+            if node.operands and not expanded:
+                stack.append((node, True))
+                stack.extend([(o, False) for o, _ in node.operands if id(o) not in done])
+                continue
+            done.add(id(node))
+            order.append(node)
     return order
