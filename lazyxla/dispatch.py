@@ -108,12 +108,13 @@ def _is_special(v) -> bool:
 
 
 def _key_of(func, info, args, kwargs, ops, where):
-    """Builds the signature key; appends operands (tensors / scalars) to ``ops``."""
+    """Builds the signature key; appends the operands to ``ops``: a tensor's IR value, or a
+    Python scalar that is an op value."""
     key = [func]
     vp = info.value_pos
     for i, a in enumerate(args):
         if type(a) is LazyTensor:  # the common case, inline
-            ops.append(a)
+            ops.append(a._st.ir if a._chain is None else value_of(a))
             key.append(a._meta)
         else:
             key.append(_key_item(a, i in vp, ops, info, where))
@@ -128,7 +129,7 @@ def _key_of(func, info, args, kwargs, ops, where):
 def _key_item(a, is_value, ops, info, where):
     t = type(a)
     if t is LazyTensor:
-        ops.append(a)
+        ops.append(value_of(a))
         return a._meta
     if t in _SCALAR_TYPES:
         if is_value and not _is_special(a):
@@ -139,11 +140,11 @@ def _key_item(a, is_value, ops, info, where):
         return (t,) + tuple(_key_item(x, is_value, ops, info, where) for x in a)
     if isinstance(a, torch.Tensor):
         if isinstance(a, LazyTensor):
-            ops.append(a)
+            ops.append(value_of(a))
             return a._meta
         if a.dim() == 0 and a.device.type == "cpu":
             up = to_device(a)
-            ops.append(up)
+            ops.append(up._st.ir)
             return up._meta
         raise LazyXlaError(
             f"{info.name}: expected all tensors on {DEVICE}, but one is on {a.device} "
@@ -421,21 +422,21 @@ def _record(func, info, args, kwargs, t0=None):
     c = info.counter
     _COUNTERS[c] = _COUNTERS.get(c, 0) + 1
     sig = entry.sig
-    # operand values
-    vals = []
-    sdt = entry.scalar_dtypes
-    for i, o in enumerate(ops):
-        if type(o) is LazyTensor:
-            st = o._st
-            vals.append(st.ir if o._chain is None else value_of(o))
-        else:
-            vals.append(_scalar_value(o, sdt[i]))
+    sdt = entry.scalar_dtypes  # operand index -> dtype of each Python scalar operand
+    if sdt:
+        vals = tuple([v if type(v) is tuple else _scalar_value(v, sdt[i]) for i, v in enumerate(ops)])
+    else:
+        vals = tuple(ops)
     if info.random:
-        vals.append(rng.next_seed())
-    node = Node(sig, tuple(vals), user_frame(3))
+        vals += (rng.next_seed(),)
+    node = Node(sig, vals, user_frame(3))
     kind = info.kind
     if kind == "functional":
-        out = _wrap_outputs(node, sig, entry.returns)
+        if entry.returns == "one":
+            m = sig.outs[0]
+            out = LazyTensor(Storage((node, 0), m), m)
+        else:
+            out = _wrap_outputs(node, sig, entry.returns)
         if entry.pattern is not None:
             it = iter(out)
             out = tuple(next(it) if p else None for p in entry.pattern)
