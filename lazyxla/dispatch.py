@@ -22,6 +22,8 @@ Never compiles or executes, except through ``executor.read_values`` for value re
 from __future__ import annotations
 
 import os
+import warnings
+import weakref
 
 import torch
 from torch._ops import OpOverload
@@ -732,7 +734,31 @@ def _factory(func, args, kwargs):
 def _upload_to_copy(src, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
                     memory_format=None):
     host = src if dtype is None or dtype == src.dtype else src.to(dtype)
-    return to_device(host)
+    up = to_device(host)
+    if isinstance(src, torch.nn.Parameter):
+        _note_parameter_upload(src, up)
+    return up
+
+
+# A CPU parameter shared by two modules (tied weights) reaches the upload once per module when
+# ``model.to(lazyxla.device())`` converts them: PyTorch keeps the tie only for devices whose
+# tensors can take a CPU tensor's data in place (CUDA can; lazyxla's, like torch_xla's, cannot).
+# Two live uploads of one unchanged parameter say the tie was broken: tell the user.
+_UPLOADED_PARAMS: dict = {}  # id of a CPU Parameter -> (weakref to it, its version, weakref to its upload's storage)
+
+
+def _note_parameter_upload(src, up):
+    prev = _UPLOADED_PARAMS.get(id(src))
+    if prev is not None and prev[0]() is src and prev[1] == src._version and prev[2]() is not None:
+        where = user_frame(1) or ("<unknown>", 0, "")
+        warnings.warn_explicit(
+            f"lazyxla: the same Parameter ({_describe(src)}) was moved to {DEVICE} twice: if it is shared by "
+            f"two modules (tied weights), Module.to() gave each module its own copy (torch_xla does the same). "
+            f"Tie them again after .to(), e.g. model.head.weight = model.embed.weight, or call the model's "
+            f"tie_weights().", UserWarning, where[0], where[1], module="lazyxla")
+    key = id(src)
+    _UPLOADED_PARAMS[key] = (weakref.ref(src, lambda _r, k=key: _UPLOADED_PARAMS.pop(k, None)), src._version,
+                             weakref.ref(up._st))
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import copy
 import gc
+import inspect
+import os
 import sys
+import warnings
 
 import pytest
 import torch
@@ -301,6 +304,7 @@ def test_autocast_runs_matmul_in_bfloat16_and_softmax_in_float32():
     torch.testing.assert_close(y.cpu().float(), want.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.filterwarnings("ignore:lazyxla. the same Parameter")
 @pytest.mark.xfail(strict=True, reason="known limitation, shared with torch_xla: Module._apply makes a new "
                    "Parameter per module for a device whose tensors cannot be shallow-copied from CPU ones; "
                    "tie the weights again after .to(lazyxla.device())")
@@ -313,6 +317,39 @@ def test_module_to_device_keeps_tied_weights():
     tied = lz.head.weight is lz.tok.weight
     assert tied, "model.to(lazyxla) turned one shared Parameter into two independent ones"
     assert len(list(lz.parameters())) == len(list(ref.parameters()))
+
+
+def test_moving_a_tied_model_warns_at_the_users_line():
+    torch.manual_seed(0)
+    ref = GPT(tie=True)
+    line = inspect.currentframe().f_lineno + 2
+    with pytest.warns(UserWarning, match=r"same Parameter \(torch.float32\[17, 16\]@cpu\).*tied weights") as rec:
+        copy.deepcopy(ref).to(DEV)
+    tie_warnings = [w for w in rec if "tied weights" in str(w.message)]
+    assert len(tie_warnings) == 1
+    assert (os.path.basename(tie_warnings[0].filename), tie_warnings[0].lineno) == (os.path.basename(__file__), line)
+
+
+def test_moving_an_untied_model_does_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        copy.deepcopy(GPT()).to(DEV)
+
+
+def test_tied_model_retied_after_to_trains_like_eager():
+    torch.manual_seed(0)
+    ref = GPT(tie=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lz = copy.deepcopy(ref).to(DEV)
+    lz.head.weight = lz.tok.weight  # what the warning says to do
+    assert len(list(lz.parameters())) == len(list(ref.parameters()))
+    want, _ = train(ref, "gpt", "adamw-loop", "cpu")
+    got, compiles = train(lz, "gpt", "adamw-loop", DEV)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-6)
+    assert compiles[-1] == compiles[WARM - 1], compiles
+    assert lz.head.weight is lz.tok.weight
+    torch.testing.assert_close(lz.tok.weight.detach().cpu(), ref.tok.weight.detach(), rtol=1e-3, atol=1e-4)
 
 
 def test_gpt_generation_loop_with_growing_context_is_correct():
