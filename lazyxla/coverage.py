@@ -48,10 +48,11 @@ DATA_DEPENDENT = {
     "unique_dim": "output shape is the number of distinct values",
     "unique_consecutive": "output shape is the number of runs",
     "argwhere": "output shape is the number of nonzero elements",
+    "index": "with a boolean mask (`x[m]`), output shape is the number of true mask elements; "
+             "integer indexing is lowered",
 }
 INHERENT = {
     "_local_scalar_dense": "a value read (`.item()`): the value goes to the host by definition",
-    "resize_": "changes a tensor's shape in place; a lazy tensor's shape is fixed when recorded",
 }
 EXPECTED_FALLBACK = set(DATA_DEPENDENT) | set(INHERENT)
 
@@ -610,20 +611,13 @@ device: `torch.where(m, x, 0)` or `(x * m).sum()` instead of `x[m]` / `x[m].sum(
 writes through a mask (`x[m] = v`, `masked_fill`, `index_put` with a mask, `masked_scatter`)
 have a static shape and are lowered.
 
-Two more core ops go to the host by nature: `_local_scalar_dense` is `.item()`, a value
-read by definition; `resize_` changes a tensor's shape in place, and a lazy tensor's shape is
-fixed when it is recorded.
+One more core op goes to the host by nature: `_local_scalar_dense` is `.item()`, a value
+read by definition.
 """
 
 
 # Known causes of the remaining failures, shown next to them while they fail.
-_KNOWN = {
-    "index": "its boolean-mask samples (`x[mask]`) should fall back like `nonzero`, but dispatch "
-             "raises when the meta kernel of an op that has a lowering reports a data-dependent shape.",
-    "resize_": "dispatch's CPU fallback writes the resized result back into the lazy tensor, whose "
-               "shape cannot change: to another number of elements it fails to run; to another shape "
-               "with as many elements the tensor silently keeps its old shape.",
-}
+_KNOWN: dict = {}  # op packet -> what is known about why it fails (none is known to fail today)
 
 
 def page(classes: dict, verified=None) -> str:

@@ -87,6 +87,9 @@ class FuncInfo:
         self.special = SPECIAL.get(func)
         if self.special is None and s.name.startswith("aten::_foreach_"):
             self.special = _foreach
+        if self.special is None and self.kind == "inplace" and self.functional is not None \
+                and self.functional is not func and _info(self.functional).view:
+            self.special = _inplace_view  # t_, transpose_, unsqueeze_, squeeze_, as_strided_
 
 
 _INFO: dict = {}
@@ -490,9 +493,13 @@ def _write_out(node, sig, info, kwargs):
     for i, o in enumerate(outs):
         if not isinstance(o, LazyTensor):
             raise LazyXlaError(f"{info.name}: out= must be a lazyxla tensor")
-        if o._meta.shape != sig.outs[i].shape:
-            raise LazyXlaError(f"{info.name}: out= tensor of shape {list(o._meta.shape)} cannot take a result "
-                               f"of shape {list(sig.outs[i].shape)} (lazyxla does not resize out=)")
+        if o._meta.shape != sig.outs[i].shape:  # PyTorch resizes out= (with a warning unless it was empty)
+            if o._meta.numel:
+                warnings.warn_explicit(
+                    f"{info.name}: an out= tensor with {o._meta.numel} elements was resized from "
+                    f"{list(o._meta.shape)} to {list(sig.outs[i].shape)}", UserWarning,
+                    *(user_frame(1) or ("<unknown>", 0))[:2], module="lazyxla")
+            _resize(aten.resize_.default, (o, list(sig.outs[i].shape)), {})
         write(o, _convert((node, i), sig.outs[i], o._meta))
     return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -683,13 +690,46 @@ def _set(func, args, kwargs):
                        f"the same shape and dtype at {fmt_where(user_frame(1))}")
 
 
+# A tensor whose shape changes in place (resize_, t_, unsqueeze_ ...) takes a new tensor's
+# metadata through PyTorch's C++ ``Tensor.data`` setter (a shallow copy of sizes, strides and
+# dtype between two lazy tensors), then its value: the storage and the view chain.
+_set_metadata = torch._C.TensorBase.data.__set__
+
+
+def _become(t, new):
+    _set_metadata(t, new)
+    t._st, t._chain, t._ir, t._sv, t._meta = new._st, new._chain, new._ir, new._sv, new._meta
+
+
+def _inplace_view(func, args, kwargs):
+    """``t_``, ``transpose_``, ``unsqueeze_``, ``squeeze_``, ``as_strided_``: the tensor itself
+    becomes the view (same storage, new shape and strides), as in PyTorch."""
+    t = args[0]
+    _become(t, _info(func).functional(*args, **kwargs))
+    return t
+
+
 def _resize(func, args, kwargs):
+    """``resize_``: the first elements are kept (in row-major order) and new ones are zero
+    (PyTorch leaves them uninitialized); the tensor gets a storage of its own."""
     t, size = args[0], tuple(args[1])
     if size == tuple(t.shape):
         return t
-    raise LazyXlaError(f"{_info(func).name}: a lazyxla tensor cannot change its shape in place "
-                       f"({list(t.shape)} -> {list(size)}) at {fmt_where(user_frame(1))}; "
-                       "make a new tensor instead (e.g. t.new_empty(size) or t.reshape(size))")
+    if t._chain:
+        raise LazyXlaError(f"{_info(func).name}: lazyxla cannot resize a view ({list(t.shape)} -> {list(size)}) "
+                           f"at {fmt_where(user_frame(1))}; resize the tensor it views, or make a new tensor")
+    n = 1
+    for d in size:
+        n *= d
+    with torch.no_grad():
+        flat = aten.reshape.default(aten.alias.default(t), [-1])
+        have = flat.shape[0]
+        if n <= have:
+            flat = aten.slice.Tensor(flat, 0, 0, n)
+        else:
+            flat = aten.cat.default([flat, aten.zeros.default([n - have], dtype=t.dtype, device=DEVICE)])
+        _become(t, aten.clone.default(aten.reshape.default(flat, list(size))))
+    return t
 
 
 def _foreach(func, args, kwargs):
@@ -718,6 +758,7 @@ SPECIAL = {
     aten.copy_.default: _copy_,
     aten.lift_fresh.default: _lift,
     aten.resize_.default: _resize,
+    aten.resize_as_.default: lambda func, args, kwargs: _resize(func, (args[0], list(args[1].shape)), {}),
     aten.set_.source_Tensor: _set,
 }
 

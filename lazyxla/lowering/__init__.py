@@ -91,6 +91,13 @@ def functional_of(func: OpOverload):
         f = getattr(packet, s.overload_name or "default", None) if packet is not None else None
         if f is not None and not _writes(f):
             r = f
+        elif packet is not None:  # transpose_ (default) is transpose.int: the overload with the same arguments
+            want = [a.name for a in s.arguments]
+            for ov in packet.overloads():
+                f = getattr(packet, ov)
+                if not _writes(f) and [a.name for a in f._schema.arguments] == want:
+                    r = f
+                    break
     else:
         packet = getattr(aten, name, None)
         want = [a.name for a in s.arguments if a.name not in written]
