@@ -52,30 +52,32 @@ def time_loop(step, n, finish):
     return (time.perf_counter() - t0) / n * 1e3
 
 
-def bench_eager(n):
+def setup(device=None):
+    """The model, its optimizer and one batch, on ``device`` (eager CPU when None)."""
     model = torch_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = make_data()
+    if device is not None:
+        model, x, y = model.to(device), x.to(device), y.to(device)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), x, y
 
-    def step():
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-    return time_loop(step, n, lambda: None)
+
+def train_step(model, opt, x, y):
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def bench_eager(n):
+    state = setup()
+    return time_loop(lambda: train_step(*state), n, lambda: None)
 
 
 def bench_lazyxla(n):
     import lazyxla
-    dev = lazyxla.device()
-    model = torch_model().to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x, y = make_data()
-    x, y = x.to(dev), y.to(dev)
+    state = setup(lazyxla.device())
 
     def step():
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
+        train_step(*state)
         lazyxla.sync()
     return time_loop(step, n, lazyxla.wait_device_ops)
 
@@ -94,20 +96,14 @@ def bench_lazyxla_waited(n):
     """Each step waited for: (host ms, program ms) per step, medians."""
     import lazyxla
     import lazyxla.debug.metrics as met
-    dev = lazyxla.device()
-    model = torch_model().to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x, y = make_data()
-    x, y = x.to(dev), y.to(dev)
+    state = setup(lazyxla.device())
     host = []
     for i in range(n + 5):
         if i == 5:
             met.clear_metrics()
             host.clear()
         t0 = time.perf_counter()
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
+        train_step(*state)
         lazyxla.sync()
         host.append(time.perf_counter() - t0)
         lazyxla.wait_device_ops()
@@ -123,12 +119,7 @@ def bench_bare_dispatch(n):
             m.bias = nn.Parameter(Bare(m.bias.shape, m.bias.dtype))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = Bare((BATCH, SIZES[0]), torch.float32), Bare((BATCH,), torch.int64)
-
-    def step():
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-    return time_loop(step, n, lambda: None)
+    return time_loop(lambda: train_step(model, opt, x, y), n, lambda: None)
 
 
 def bench_jax(n, same_outputs=False):
