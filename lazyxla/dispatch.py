@@ -680,14 +680,14 @@ def _lift(func, args, kwargs):
 
 
 def _set(func, args, kwargs):
-    """``t.set_(src)``: t becomes an alias of src (same shape and dtype only)."""
+    """``t.set_(src)``: t becomes an alias of src, with src's shape and dtype."""
     t = args[0]
     src = args[1] if len(args) > 1 else kwargs.get("source")
-    if isinstance(src, LazyTensor) and src._meta.shape == t._meta.shape and src._meta.dtype == t._meta.dtype:
-        t._st, t._chain, t._ir, t._sv = src._st, src._chain, src._ir, src._sv
+    if isinstance(src, LazyTensor):
+        _become(t, src)
         return t
-    raise LazyXlaError(f"{_info(func).name}: lazyxla can only make a tensor an alias of another lazy tensor of "
-                       f"the same shape and dtype at {fmt_where(user_frame(1))}")
+    raise LazyXlaError(f"{_info(func).name}: lazyxla can only make a tensor an alias of another lazy tensor "
+                       f"(got {_describe(src)}) at {fmt_where(user_frame(1))}")
 
 
 # A tensor whose shape changes in place (resize_, t_, unsqueeze_ ...) takes a new tensor's
