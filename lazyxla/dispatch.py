@@ -30,7 +30,7 @@ from torch._ops import OpOverload
 
 from . import lowering, metrics, rng
 from .ir import Node, OpSig, Slot, TensorMeta, data_leaf, fmt_where, user_frame
-from .tensor import DEVICE, LazyTensor, Storage, to_device, value_of
+from .tensor import DEVICE, LazyTensor, Storage, become, to_device, value_of
 
 aten = torch.ops.aten
 _now = metrics.now_ns
@@ -684,28 +684,17 @@ def _set(func, args, kwargs):
     t = args[0]
     src = args[1] if len(args) > 1 else kwargs.get("source")
     if isinstance(src, LazyTensor):
-        _become(t, src)
+        become(t, src)
         return t
     raise LazyXlaError(f"{_info(func).name}: lazyxla can only make a tensor an alias of another lazy tensor "
                        f"(got {_describe(src)}) at {fmt_where(user_frame(1))}")
-
-
-# A tensor whose shape changes in place (resize_, t_, unsqueeze_ ...) takes a new tensor's
-# metadata through PyTorch's C++ ``Tensor.data`` setter (a shallow copy of sizes, strides and
-# dtype between two lazy tensors), then its value: the storage and the view chain.
-_set_metadata = torch._C.TensorBase.data.__set__
-
-
-def _become(t, new):
-    _set_metadata(t, new)
-    t._st, t._chain, t._ir, t._sv, t._meta = new._st, new._chain, new._ir, new._sv, new._meta
 
 
 def _inplace_view(func, args, kwargs):
     """``t_``, ``transpose_``, ``unsqueeze_``, ``squeeze_``, ``as_strided_``: the tensor itself
     becomes the view (same storage, new shape and strides), as in PyTorch."""
     t = args[0]
-    _become(t, _info(func).functional(*args, **kwargs))
+    become(t, _info(func).functional(*args, **kwargs))
     return t
 
 
@@ -728,7 +717,7 @@ def _resize(func, args, kwargs):
             flat = aten.slice.Tensor(flat, 0, 0, n)
         else:
             flat = aten.cat.default([flat, aten.zeros.default([n - have], dtype=t.dtype, device=DEVICE)])
-        _become(t, aten.clone.default(aten.reshape.default(flat, list(size))))
+        become(t, aten.clone.default(aten.reshape.default(flat, list(size))))
     return t
 
 

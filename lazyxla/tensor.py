@@ -176,11 +176,10 @@ class LazyTensor(torch.Tensor):
 
     @data.setter
     def data(self, new):
-        if not isinstance(new, LazyTensor) or new._meta.shape != self._meta.shape \
-                or new._meta.dtype != self._meta.dtype:
-            raise RuntimeError(f"lazyxla: .data can only be set to a lazy tensor of the same shape and dtype "
-                               f"({self._meta!r}), got {getattr(new, 'shape', None)} {getattr(new, 'dtype', None)}")
-        self._st, self._chain, self._ir, self._sv = new._st, new._chain, new._ir, new._sv
+        if not isinstance(new, LazyTensor):
+            raise RuntimeError(f"lazyxla: .data of a tensor on {DEVICE} can only be set to another tensor on "
+                               f"{DEVICE}, got one on {getattr(new, 'device', type(new).__name__)}")
+        become(self, new)
 
     def tolist(self):
         return self.cpu().tolist()
@@ -211,6 +210,18 @@ def _deepcopy(self, memo):
 
 
 LazyTensor.__deepcopy__ = _deepcopy
+
+
+# PyTorch's C++ ``Tensor.data`` setter: a shallow copy of sizes, strides and dtype between two
+# lazy tensors (it keeps the target's autograd identity and version counter).
+_set_metadata = torch._C.TensorBase.data.__set__
+
+
+def become(t: LazyTensor, new: LazyTensor):
+    """``t`` takes ``new``'s shape, strides, dtype and value in place, as an alias of its
+    storage (``.data = ``, ``set_``, ``resize_``, ``t_``, ``unsqueeze_`` ...)."""
+    _set_metadata(t, new)
+    t._st, t._chain, t._ir, t._sv, t._meta = new._st, new._chain, new._ir, new._sv, new._meta
 
 
 def value_of(t: LazyTensor):

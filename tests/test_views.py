@@ -431,6 +431,24 @@ def test_assigning_data_replaces_the_value():
     assert p.grad.cpu().tolist() == [[2.0] * 3] * 2
 
 
+def test_assigning_data_of_another_shape_and_dtype_takes_them():
+    """``p.data = p.data.to(torch.bfloat16)`` (casting a model's weights) and pruning to a
+    smaller shape work as in PyTorch: the parameter keeps its identity and trains."""
+    for dev in ("cpu", DEV):
+        p = torch.nn.Parameter(torch.arange(6.0, device=dev).reshape(2, 3))
+        p.data = p.data.to(torch.float64)[:, :2]
+        assert p.shape == (2, 2) and p.dtype == torch.float64 and p.requires_grad, dev
+        (p * 3).sum().backward()
+        assert p.detach().cpu().tolist() == [[0.0, 1.0], [3.0, 4.0]], dev
+        assert p.grad.cpu().tolist() == [[3.0, 3.0], [3.0, 3.0]] and p.grad.dtype == torch.float64, dev
+
+
+def test_assigning_a_cpu_tensor_to_data_is_a_clear_error():
+    p = torch.nn.Parameter(torch.zeros(2, device=DEV))
+    with pytest.raises(RuntimeError, match="only be set to another tensor on lazyxla:0, got one on cpu"):
+        p.data = torch.ones(2)
+
+
 def _t_(x):
     x.t_()
     return x
