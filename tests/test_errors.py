@@ -49,6 +49,23 @@ def test_failed_execution_raises_at_wait_with_graph_hash_then_process_is_usable(
     assert z.tolist() == [0, 2, 4, 6]
 
 
+def test_failure_carried_into_the_next_step_raises_and_process_is_usable():
+    # step 2 updates in place (and is donated) the buffer step 1 failed to compute: whichever
+    # program the failure surfaces in, the wait and the read raise, and nothing hangs
+    p = torch.ones(3).to(DEV)
+    p.add_(torch.ops.lazyxla_test.boom(p))
+    lazyxla.sync()
+    p.mul_(2)
+    lazyxla.sync()
+    with pytest.raises(lazyxla.ExecutionError, match="graph [0-9a-f]{32}"):
+        lazyxla.wait_device_ops()
+    with pytest.raises(lazyxla.ExecutionError):
+        p.cpu()
+    del p
+    gc.collect()
+    assert (torch.arange(4, device=DEV) * 2).tolist() == [0, 2, 4, 6]
+
+
 def test_failed_execution_raises_at_value_read():
     x = torch.ones(2).to(DEV)
     y = torch.ops.lazyxla_test.boom(x)
