@@ -181,6 +181,12 @@ class LazyTensor(torch.Tensor):
                                f"{DEVICE}, got one on {getattr(new, 'device', type(new).__name__)}")
         become(self, new)
 
+    def __format__(self, spec):
+        # f"{loss:.4f}": a 0-d tensor formats as its number, as torch.Tensor does for its own type
+        if self.dim() == 0:
+            return self.item().__format__(spec)
+        return object.__format__(self, spec)
+
     def tolist(self):
         return self.cpu().tolist()
 

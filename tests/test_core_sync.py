@@ -291,6 +291,19 @@ def test_print_keeps_ir(capsys):
     assert d["UncachedCompile"] == 2
 
 
+def test_format_spec_of_a_scalar_reads_its_value():
+    # f"loss {loss:.4f}", the most common log line, formats the number as torch.Tensor does
+    n = fresh()
+    h, x = host_and_dev(n, seed=10)
+    loss = (x * 3).mean()
+    d = Delta()
+    assert f"{loss:.4f}" == f"{(h * 3).mean().item():.4f}"
+    assert float(f"{loss}") == pytest.approx((h * 3).mean().item(), rel=1e-5)
+    assert d["UncachedCompile"] == 1 and d["CachedCompile"] == 1  # two value reads, one program
+    with pytest.raises(TypeError, match="unsupported format string"):
+        f"{x:.4f}"  # as for a CPU tensor of more than one element
+
+
 def test_reading_twice_gives_same_numbers_and_second_is_cached():
     n = fresh()
     h, x = host_and_dev(n, seed=10)
