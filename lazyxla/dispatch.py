@@ -235,7 +235,8 @@ def _new_entry(func, info, args, kwargs, where) -> _Entry:
         msg = str(e).split("\n")[0]
         low_msg = msg.lower()
         data_dependent = isinstance(e, torch._subclasses.fake_tensor.DynamicOutputShapeException) or any(
-            w in low_msg for w in ("data-dependent", "data dependent", "nonzero", "dynamic output shape"))
+            w in low_msg for w in ("data-dependent", "data dependent", "nonzero", "dynamic output shape",
+                                   "item() cannot be called on meta"))  # a Python value: allclose
         no_meta = isinstance(e, NotImplementedError) or ("meta" in low_msg and "not implemented" in low_msg)
         if data_dependent or (no_meta and low is None):
             # an output shape that depends on the values (boolean masks, nonzero, unique):

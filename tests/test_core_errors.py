@@ -167,6 +167,21 @@ def test_fallback_nonzero_gives_eager_result_and_counts():
     assert y.item() == torch.nonzero(h * 2).sum().item() + 1
 
 
+@pytest.mark.parametrize("name, fn", [
+    ("allclose", lambda a, b: torch.allclose(a, b)),
+    ("allclose", lambda a, b: torch.allclose(a, a + 1e-9)),
+    ("equal", lambda a, b: torch.equal(a, b)),
+    ("equal", lambda a, b: torch.equal(a, a * 1)),
+], ids=["allclose-differ", "allclose-close", "equal-differ", "equal-same"])
+def test_ops_returning_a_python_value_read_their_inputs(name, fn):
+    # their meta kernels cannot answer (allclose calls .item()): never a cached constant
+    h = torch.randn(fresh())
+    a, b = h.to(DEV), (h + 1).to(DEV)
+    c0 = cnt(f"aten::{name}")
+    assert fn(a, b) == fn(h, h + 1)
+    assert cnt(f"aten::{name}") - c0 == 1
+
+
 def test_fallback_tuple_result():
     g = torch.Generator().manual_seed(3)
     h = torch.randn(4, 7, generator=g)
