@@ -254,9 +254,9 @@ def _new_entry(func, info, args, kwargs, where) -> _Entry:
         if outs and not torch.can_cast(outs[0].dtype, args[0].dtype):
             raise LazyXlaError(f"{info.name}: result type {_dtype_name(outs[0].dtype)} can't be cast to the "
                                f"desired output type {_dtype_name(args[0].dtype)} at {fmt_where(where)}")
-    if not outs:
+    if not outs and not info.written:  # sizes, strides, dtypes: a constant of the signature
         return _Entry(None, "const", const=mout)
-    if low is None:
+    if low is None or not outs:  # an op that writes its arguments and returns nothing is never a constant
         if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
             return _Entry(None, "implicit")
         if target is not None and target in lowering.DECOMPOSITIONS:

@@ -182,6 +182,29 @@ def test_ops_returning_a_python_value_read_their_inputs(name, fn):
     assert cnt(f"aten::{name}") - c0 == 1
 
 
+_lib = torch.library.Library("lazyxla_errtest", "DEF")
+_lib.define("bump_(Tensor(a!) x, Tensor(b!) counter) -> ()")
+
+
+def _bump_cpu(x, counter):
+    x.add_(1)
+    counter.add_(x.sum())
+
+
+_lib.impl("bump_", _bump_cpu, "CPU")
+_lib.impl("bump_", lambda x, counter: None, "Meta")
+
+
+def test_op_writing_its_arguments_without_lowering_runs_on_the_cpu_and_writes_back():
+    # an op that returns nothing but writes its arguments is never mistaken for a constant
+    x, c = torch.zeros(3, device=DEV), torch.zeros((), device=DEV)
+    c0 = cnt("aten::bump_")
+    torch.ops.lazyxla_errtest.bump_(x, c)
+    torch.ops.lazyxla_errtest.bump_(x, c)
+    assert x.cpu().tolist() == [2.0, 2.0, 2.0] and c.item() == 9.0
+    assert cnt("aten::bump_") - c0 == 2
+
+
 def test_fallback_tuple_result():
     g = torch.Generator().manual_seed(3)
     h = torch.randn(4, 7, generator=g)

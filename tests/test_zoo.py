@@ -319,6 +319,35 @@ def test_module_to_device_keeps_tied_weights():
     assert len(list(lz.parameters())) == len(list(ref.parameters()))
 
 
+def _scaler_run(device, bad_steps):
+    """SGD through torch.amp.GradScaler (growth every 2 clean steps); an inf input makes an
+    inf gradient on the steps marked bad. Returns (weights, scale) after each step."""
+    torch.manual_seed(0)
+    m = nn.Linear(2, 1).to(device)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu" if device == "cpu" else "lazyxla", init_scale=2.0 ** 16, growth_interval=2)
+    seen = []
+    for bad in bad_steps:
+        opt.zero_grad()
+        x = torch.tensor([[float("inf") if bad else 1.0, 2.0]]).to(device)
+        scaler.scale(m(x).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+        if device == DEV:
+            lazyxla.sync()
+        seen.append((m.weight.detach().cpu().clone(), scaler.get_scale()))
+    return seen
+
+
+def test_grad_scaler_skips_inf_steps_and_moves_the_scale_like_eager():
+    bad = [False, True, False, False, False, True, False]
+    want, got = _scaler_run("cpu", bad), _scaler_run(DEV, bad)
+    assert [s for _, s in got] == [s for _, s in want] == [65536.0, 32768.0, 32768.0, 65536.0, 65536.0, 32768.0,
+                                                           32768.0]
+    for (w_got, _), (w_want, _) in zip(got, want):
+        torch.testing.assert_close(w_got, w_want, rtol=1e-6, atol=1e-7)
+
+
 def test_moving_a_tied_model_warns_at_the_users_line():
     torch.manual_seed(0)
     ref = GPT(tie=True)

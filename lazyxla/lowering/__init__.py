@@ -244,3 +244,4 @@ def _is_identity_view(vsig):
 from . import elementwise, reduce, shape, factory, random, nn, more  # noqa: E402,F401
 
 _load_decompositions()
+from . import amp  # noqa: E402,F401  (after PyTorch's table: the gradient scaler's ops)
