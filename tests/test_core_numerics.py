@@ -73,6 +73,8 @@ def test_elementwise():
         "pow_tensor": lambda x, y: x.abs().add(0.5).pow(y),
         "maximum": lambda x, y: torch.maximum(x, y),
         "minimum": lambda x, y: torch.minimum(x, y),
+        "atan2": lambda x, y: torch.atan2(x, y),
+        "hypot": lambda x, y: torch.hypot(x, y),
         "where": lambda x, y: torch.where(x > y, x, y * 2),
         "clamp": lambda x, y: x.clamp(-0.5, 0.7),
         "scalar_mix": lambda x, y: 2.5 * x - y / 3.0 + 1,

@@ -633,3 +633,30 @@ def test_device_embedding_and_losses():
     lazyxla.sync()
     _close(ld, lr.detach())
     _close(embd.weight.grad, emb.weight.grad, atol=1e-6)
+
+
+_RESIZE = [("nearest", None, dict(scale_factor=2)), ("nearest", None, dict(scale_factor=1.7)),
+           ("nearest", None, dict(size=(2, 3))), ("bilinear", False, dict(scale_factor=2)),
+           ("bilinear", False, dict(scale_factor=0.6)), ("bilinear", True, dict(size=(5, 9))),
+           ("bilinear", False, dict(size=(8, 8)))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("mode, align, size", _RESIZE, ids=lambda v: str(v))
+def test_device_interpolate_forward_and_backward(mode, align, size, dtype):
+    # F.interpolate's forward and backward both lowered (no aten::upsample_*_backward fallback)
+    from lazyhelp import cnt
+    dev = lazyxla.device()
+    extra = {} if align is None else {"align_corners": align}
+    x = rnd(2, 3, 3, 5, seed=61).to(dtype).requires_grad_()
+    lx = x.detach().to(dev).requires_grad_()
+    y = torch.nn.functional.interpolate(x, mode=mode, **size, **extra)
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(62), dtype=dtype)
+    (y * g).sum().backward()
+    before = cnt(f"aten::upsample_{mode}2d_backward")
+    ly = torch.nn.functional.interpolate(lx, mode=mode, **size, **extra)
+    (ly * g.to(dev)).sum().backward()
+    lazyxla.sync()
+    assert cnt(f"aten::upsample_{mode}2d_backward") == before
+    torch.testing.assert_close(ly.cpu(), y.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lx.grad.cpu(), x.grad, rtol=1e-5, atol=1e-5)

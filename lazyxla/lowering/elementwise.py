@@ -218,6 +218,12 @@ def _atan2(sig, a, b):
     return jnp.arctan2(_c(a, dt), _c(b, dt))
 
 
+@register("hypot.default")
+def _hypot(sig, a, b):
+    dt = _float_dt(sig)
+    return jnp.hypot(_c(a, dt), _c(b, dt))
+
+
 for _name, _f in {"bitwise_and": jnp.bitwise_and, "bitwise_or": jnp.bitwise_or,
                   "bitwise_xor": jnp.bitwise_xor, "logical_and": jnp.logical_and,
                   "logical_or": jnp.logical_or, "logical_xor": jnp.logical_xor}.items():
