@@ -88,6 +88,8 @@ def test_elementwise():
         "gt": lambda x, y: x > y,
         "eq": lambda x, y: (x * 0) == 0,
         "logical": lambda x, y: (x > 0) & (y < 0) | (x > 1),
+        "is_all_true": lambda x, y: torch._is_all_true(x > -3),
+        "is_any_true": lambda x, y: torch._is_any_true(x > y),
         "to_double": lambda x, y: x.double() * 3,
         "to_int": lambda x, y: (x * 10).to(torch.int64),
     }

@@ -112,6 +112,16 @@ def _all(sig, x, dim=None, keepdim=False):
     return jnp.all(x, axis=_dims(x, dim), keepdims=keepdim)
 
 
+@register("_is_all_true.default")  # torch.distributions' argument checks
+def _is_all_true(sig, x):
+    return jnp.all(x)
+
+
+@register("_is_any_true.default")
+def _is_any_true(sig, x):
+    return jnp.any(x)
+
+
 def _correction(correction, unbiased=None):
     if correction is None:
         return 1
