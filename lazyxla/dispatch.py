@@ -559,18 +559,21 @@ def replay_chain(base_value, chain):
 
 # ---------------------------------------------------------------------------------------
 def _decompose(func, info, args, kwargs):
+    """Record the op through a decomposition; one that declines (returns NotImplemented, as
+    PyTorch's do for cases they do not cover) sends the op to the CPU instead."""
     fn = lowering.DECOMPOSITIONS[info.functional]
-    if info.kind in ("functional", "mutating"):  # a mutating op's decomposition writes itself
-        return fn(*args, **(kwargs or {}))
     kw = dict(kwargs or {})
+    outs = [kw.pop(w) for w in info.written] if info.kind == "out" else None
+    r = fn(*args, **kw)
+    if r is NotImplemented:
+        return _fallback(func, info, args, kwargs)
+    if info.kind in ("functional", "mutating"):  # a mutating op's decomposition writes itself
+        return r
     if info.kind == "out":
-        outs = [kw.pop(w) for w in info.written]
-        r = fn(*args, **kw)
         rs = r if isinstance(r, (tuple, list)) else (r,)
         for o, v in zip(outs, rs):
             o.copy_(v)
         return outs[0] if len(outs) == 1 else tuple(outs)
-    r = fn(*args, **kw)
     args[0].copy_(r)
     return args[0]
 

@@ -205,6 +205,20 @@ def test_op_writing_its_arguments_without_lowering_runs_on_the_cpu_and_writes_ba
     assert cnt("aten::bump_") - c0 == 2
 
 
+def test_decomposition_that_declines_falls_back():
+    # PyTorch's decomposition of adaptive_max_pool2d returns NotImplemented for windows of
+    # unequal sizes: the op then runs on the CPU (it raised a TypeError from the dispatcher)
+    x = torch.randn(1, 2, 5, 7, requires_grad=True)
+    lx = x.detach().to(DEV).requires_grad_()
+    c0 = cnt("aten::adaptive_max_pool2d")
+    y, ly = torch.nn.functional.adaptive_max_pool2d(x, (2, 3)), torch.nn.functional.adaptive_max_pool2d(lx, (2, 3))
+    y.sum().backward()
+    ly.sum().backward()
+    assert cnt("aten::adaptive_max_pool2d") - c0 == 1
+    torch.testing.assert_close(ly.cpu(), y.detach())
+    torch.testing.assert_close(lx.grad.cpu(), x.grad)
+
+
 def test_fallback_tuple_result():
     g = torch.Generator().manual_seed(3)
     h = torch.randn(4, 7, generator=g)
