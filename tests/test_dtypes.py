@@ -458,3 +458,16 @@ def test_integer_to_negative_constant_power_is_an_error_naming_the_op():
 def test_unsupported_dtype_is_an_error():
     with pytest.raises((TypeError, RuntimeError), match="complex|Complex|dtype|lazyxla"):
         torch.tensor([1 + 2j], dtype=torch.complex32).to(DEV).cpu()
+
+
+@pytest.mark.parametrize("dt", [torch.int64, torch.int32, torch.int8, torch.uint8], ids=NAMES.get)
+def test_bit_shifts(dt):
+    # arithmetic right shift for signed integers, logical for uint8, as PyTorch's CPU kernels
+    a = torch.tensor([0, 1, 3, 100, 127], dtype=dt) if dt == torch.uint8 else torch.tensor([-7, -1, 0, 3, 100], dtype=dt)
+    s = torch.tensor([0, 1, 2, 3, 1], dtype=dt)
+    la, ls = a.to(DEV), s.to(DEV)
+    for name, f in {"<<": lambda x, y: x << y, ">>": lambda x, y: x >> y,
+                    "bitwise_left_shift": torch.bitwise_left_shift,
+                    "bitwise_right_shift": torch.bitwise_right_shift}.items():
+        assert torch.equal(f(la, ls).cpu(), f(a, s)), name
+        assert torch.equal(f(la, 2).cpu(), f(a, 2)), f"{name} 2"

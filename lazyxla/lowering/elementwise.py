@@ -218,6 +218,20 @@ def _atan2(sig, a, b):
     return jnp.arctan2(_c(a, dt), _c(b, dt))
 
 
+@register("__lshift__.Tensor", "__lshift__.Scalar", "bitwise_left_shift.Tensor",
+          "bitwise_left_shift.Tensor_Scalar")
+def _lshift(sig, a, b):
+    dt = _cd(sig)
+    return jnp.left_shift(_c(a, dt), _c(b, dt))
+
+
+@register("__rshift__.Tensor", "__rshift__.Scalar", "bitwise_right_shift.Tensor",
+          "bitwise_right_shift.Tensor_Scalar")
+def _rshift(sig, a, b):  # arithmetic for signed integers, logical for uint8, as in PyTorch
+    dt = _cd(sig)
+    return jnp.right_shift(_c(a, dt), _c(b, dt))
+
+
 @register("hypot.default")
 def _hypot(sig, a, b):
     dt = _float_dt(sig)
