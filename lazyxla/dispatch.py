@@ -220,7 +220,26 @@ class _Entry:
         self.nops = nops
 
 
+def _check_writable(t, name, where):
+    """PyTorch refuses to write a tensor whose elements share memory (an ``expand``ed view):
+    the same error, at the user's line, never a silently computed value."""
+    m = t._meta
+    if any(st == 0 and sz > 1 for sz, st in zip(m.shape, m.stride)):
+        raise LazyXlaError(f"{name}: unsupported operation: more than one element of the written-to tensor refers "
+                           f"to a single memory location. Please clone() the tensor before performing the "
+                           f"operation. (at {fmt_where(where)})")
+
+
+_FILLS = ("aten::fill_", "aten::zero_")  # one value everywhere: PyTorch allows them on expanded tensors
+
+
 def _new_entry(func, info, args, kwargs, where) -> _Entry:
+    if info.kind == "inplace" and isinstance(args[0], LazyTensor) and not info.name.startswith(_FILLS):
+        _check_writable(args[0], info.name, where)
+    elif info.kind == "out":
+        for w in info.written:
+            if isinstance((kwargs or {}).get(w), LazyTensor):
+                _check_writable(kwargs[w], info.name, where)
     target = info.functional
     low = lowering.get(target) if target is not None else None
     margs = _to_meta(list(args))
@@ -523,29 +542,22 @@ def _convert(value, src_meta, dst_meta):
 
 
 def write(t: LazyTensor, value):
-    """Make ``value`` (an IR value of t's meta) the new value of ``t`` and its aliases."""
+    """Make ``value`` (an IR value of t's meta) the new value of ``t`` and its aliases.
+
+    Through a view, the new value is scattered into the storage in one step, by the index map
+    of the whole view chain: only the elements of ``t`` are written, even where an outer view
+    repeats elements of the storage (a row of an ``expand``ed tensor)."""
     st = t._st
     chain = t._chain
     if not chain:
         st.set_ir(value)
         return
-    # values along the chain, from the storage down to t
-    vals = [st.ir]
-    for vsig, i in chain[:-1]:
-        vals.append((Node(vsig, (vals[-1],)), i))
-    new = value
-    for k in range(len(chain) - 1, -1, -1):
-        vsig, i = chain[k]
-        base_val = vals[k]
-        base_meta = base_val[0].sig.outs[base_val[1]]
-        ks = (vsig, i)
-        ssig = _SCATTER_SIGS.get(ks)
-        if ssig is None:
-            ssig = _SCATTER_SIGS[ks] = OpSig("lazyxla::view_scatter", vsig, lowering.lower_view_scatter,
-                                             ((Slot(0), Slot(1)), (("view", vsig.hb), ("index", i))),
-                                             (base_meta,))
-        new = (Node(ssig, (base_val, new), None), 0)
-    st.set_ir(new)
+    ssig = _SCATTER_SIGS.get(chain)
+    if ssig is None:
+        ssig = _SCATTER_SIGS[chain] = OpSig(
+            "lazyxla::view_scatter", chain, lowering.lower_view_scatter,
+            ((Slot(0), Slot(1)), (("views", tuple((vsig.hb, i) for vsig, i in chain)),)), (st.meta,))
+    st.set_ir((Node(ssig, (st.ir, value), None), 0))
     t._ir = value
     t._sv = st.version
 
@@ -670,6 +682,8 @@ def _copy_(func, args, kwargs):
         host = read_values([src])[0]
         dst.copy_(host)
         return dst
+    if 0 in dst._meta.stride:
+        _check_writable(dst, "aten::copy_", user_frame(1))
     if not isinstance(src, LazyTensor):
         src = to_device(src)
     if src._meta.shape == dst._meta.shape and src._meta.dtype == dst._meta.dtype:

@@ -717,3 +717,34 @@ def test_mixed_bool_and_int_index_put_is_an_error_naming_the_op():
     want = torch.zeros(3, 4)
     want[torch.tensor([0, 2]), torch.tensor([True, False, True, False])] = 1.0
     torch.testing.assert_close(got, want)
+
+
+def test_write_through_a_row_of_an_expanded_tensor_reaches_the_base():
+    # the row has no repeated elements, so PyTorch allows it; every row of the expanded view
+    # then shows the write (it was scattered level by level before, and lost at the expand)
+    def fn(b):
+        x = b.expand(2, 3)
+        x[0].add_(1)
+        return torch.stack([b, x[1]])
+    check_same(fn, torch.zeros(3))
+
+
+def test_fill_of_an_expanded_tensor_fills_the_base():
+    def fn(b):
+        b.expand(2, 3).fill_(2)
+        b.expand(4, 3).zero_()[1].add_(5)
+        return b
+    check_same(fn, torch.ones(3))
+
+
+@pytest.mark.parametrize("write", [
+    lambda x: x.add_(1), lambda x: x.mul_(2), lambda x: x.copy_(torch.ones(2, 3, device=x.device)),
+    lambda x: torch.add(torch.ones(2, 3, device=x.device), 1, out=x),
+], ids=["add_", "mul_", "copy_", "out="])
+def test_writing_an_expanded_tensor_is_refused_as_in_pytorch(write):
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        write(torch.zeros(3).expand(2, 3))  # eager CPU
+    x = torch.zeros(3, device=DEV).expand(2, 3)
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor") as ei:
+        write(x)
+    assert "test_views.py:" in str(ei.value)  # the user's line

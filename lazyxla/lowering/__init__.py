@@ -214,26 +214,27 @@ def lower_convert(sig, x):
     return x  # the generic output cast does the conversion; shape broadcasts
 
 
-def lower_view_scatter(sig, base, src, view=None, index=0):
-    """Write ``src`` into ``base`` through the view ``sig.func``: the view applied to an
-    index map of ``base`` says which element each element of ``src`` came from."""
+def lower_view_scatter(sig, base, src, views=None):
+    """Write ``src`` into ``base`` through the chain of views ``sig.func`` ((view OpSig, output
+    index) pairs, outermost first): the chain applied to an index map of ``base`` says which
+    element of ``base`` each element of ``src`` came from."""
     import jax.numpy as jnp
-    vsig = sig.func
     n = 1
     for s in base.shape:
         n *= s
     idx = jnp.arange(n, dtype=jnp.int64).reshape(base.shape)
-    targs, tkw = vsig.template
-    args = _instantiate(targs, [idx])
-    kwargs = {k: _instantiate(v, [idx]) for k, v in tkw}
-    mapped = vsig.lower(vsig, *args, **kwargs)
-    if isinstance(mapped, (tuple, list)):
-        mapped = mapped[index]
-    mapped = jnp.asarray(mapped)
-    if tuple(mapped.shape) == tuple(base.shape) and _is_identity_view(vsig):
+    identity = True
+    for vsig, index in sig.func:
+        targs, tkw = vsig.template
+        mapped = vsig.lower(vsig, *_instantiate(targs, [idx]), **{k: _instantiate(v, [idx]) for k, v in tkw})
+        if isinstance(mapped, (tuple, list)):
+            mapped = mapped[index]
+        idx = jnp.asarray(mapped)
+        identity = identity and _is_identity_view(vsig)
+    if identity:  # view/reshape/alias only: every element keeps its place
         return jnp.reshape(src, base.shape).astype(base.dtype)
     flat = base.reshape(-1)
-    flat = flat.at[mapped.reshape(-1)].set(jnp.broadcast_to(src, mapped.shape).reshape(-1).astype(base.dtype))
+    flat = flat.at[idx.reshape(-1)].set(jnp.broadcast_to(src, idx.shape).reshape(-1).astype(base.dtype))
     return flat.reshape(base.shape)
 
 
