@@ -241,6 +241,8 @@ def _new_entry(func, info, args, kwargs, where) -> _Entry:
             if isinstance((kwargs or {}).get(w), LazyTensor):
                 _check_writable(kwargs[w], info.name, where)
     target = info.functional
+    if info.kind == "out" and target is None:  # no functional form to infer shapes with
+        return _Entry(None, "fallback")
     low = lowering.get(target) if target is not None else None
     margs = _to_meta(list(args))
     mkw = {k: _to_meta(v) for k, v in (kwargs or {}).items()}
@@ -818,7 +820,7 @@ _lib.impl("_to_copy", _upload_to_copy, "PrivateUse1")
 _lib.impl("empty_strided", _empty_strided, "PrivateUse1")
 
 FACTORIES = ["arange", "arange.start", "arange.start_step", "full", "zeros", "ones", "scalar_tensor",
-             "linspace", "eye", "eye.m", "randperm", "rand", "randn", "randint", "randint.low",
+             "linspace", "logspace", "eye", "eye.m", "randperm", "rand", "randn", "randint", "randint.low",
              "empty.memory_format", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like"]
 
 

@@ -286,3 +286,14 @@ def test_small_dtypes_round_trip():
         x = h.to(DEV)
         assert x.dtype == dt
         assert torch.equal(x.cpu(), h), dt
+
+
+def test_linspace_and_logspace():
+    for kw in (dict(), dict(base=2.0), dict(dtype=torch.float64)):
+        torch.testing.assert_close(torch.logspace(-1, 2, 7, device=DEV, **kw).cpu(), torch.logspace(-1, 2, 7, **kw),
+                                   rtol=1e-6, atol=0)
+    torch.testing.assert_close(torch.linspace(-1, 1, 7, device=DEV).cpu(), torch.linspace(-1, 1, 7), rtol=1e-6,
+                               atol=1e-7)
+    out = torch.empty(4, device=DEV)  # the out= form runs on the CPU and writes out back
+    torch.logspace(0, 1, 4, out=out)
+    torch.testing.assert_close(out.cpu(), torch.logspace(0, 1, 4))

@@ -1,4 +1,4 @@
-"""Factories (empty, zeros, full, arange, eye, linspace, *_like) as JAX functions.
+"""Factories (empty, zeros, full, arange, eye, linspace, logspace, *_like) as JAX functions.
 
 The output shape and dtype always come from ``sig.outs`` (PyTorch's own rules), so a
 factory only decides the values. Touches only the registry.
@@ -71,6 +71,13 @@ def _arange(sig, *a, **k):
 def _linspace(sig, start, end, steps, **k):
     shape, dt = _meta(sig)
     return jnp.linspace(jnp.asarray(start, jnp.float64), jnp.asarray(end, jnp.float64), steps).astype(dt)
+
+
+@register("logspace.default", static=("start", "end", "base"))
+def _logspace(sig, start, end, steps, base=10.0, **k):
+    shape, dt = _meta(sig)
+    exps = jnp.linspace(jnp.asarray(start, jnp.float64), jnp.asarray(end, jnp.float64), steps)
+    return jnp.power(jnp.float64(base), exps).astype(dt)
 
 
 @register("eye.default", "eye.m")
