@@ -234,7 +234,7 @@ _FILLS = ("aten::fill_", "aten::zero_")  # one value everywhere: PyTorch allows 
 
 
 def _new_entry(func, info, args, kwargs, where) -> _Entry:
-    if info.kind == "inplace" and isinstance(args[0], LazyTensor) and not info.name.startswith(_FILLS):
+    if info.kind == "inplace" and isinstance(args[0], LazyTensor) and info.name.split(".")[0] not in _FILLS:
         _check_writable(args[0], info.name, where)
     elif info.kind == "out":
         for w in info.written:
