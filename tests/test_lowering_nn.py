@@ -660,3 +660,24 @@ def test_device_interpolate_forward_and_backward(mode, align, size, dtype):
     assert cnt(f"aten::upsample_{mode}2d_backward") == before
     torch.testing.assert_close(ly.cpu(), y.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(lx.grad.cpu(), x.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf")], ids=str)
+def test_device_embedding_max_norm_renorms_rows_in_place(norm_type):
+    # nn.Embedding(max_norm=...) renorms the looked-up rows of its weight, on the device
+    import copy
+    from lazyhelp import cnt
+    dev = lazyxla.device()
+    torch.manual_seed(0)
+    m = torch.nn.Embedding(10, 4, max_norm=1.0, norm_type=norm_type)
+    lm = copy.deepcopy(m).to(dev)
+    idx = torch.tensor([[1, 2, 3], [3, 4, 9]])
+    before = cnt("aten::embedding_renorm_")
+    y, ly = m(idx), lm(idx.to(dev))
+    y.sum().backward()
+    ly.sum().backward()
+    lazyxla.sync()
+    assert cnt("aten::embedding_renorm_") == before
+    _close(ly, y.detach(), atol=1e-6)
+    _close(lm.weight.detach(), m.weight.detach(), atol=1e-6)
+    _close(lm.weight.grad, m.weight.grad, atol=1e-6)

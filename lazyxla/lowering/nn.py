@@ -554,6 +554,23 @@ def embedding(sig, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sp
     return jnp.take(weight, indices, axis=0)
 
 
+@register("embedding_renorm.default")  # nn.Embedding(max_norm=...): rows looked up are renormed in place
+def embedding_renorm(sig, weight, indices, max_norm, norm_type):
+    idx = indices.reshape(-1)
+    rows = _f(jnp.take(weight, idx, axis=0))
+    a = jnp.abs(rows)
+    if norm_type == math.inf:
+        norms = jnp.max(a, axis=-1)
+    elif norm_type == 2:
+        norms = jnp.sqrt(jnp.sum(a * a, axis=-1))
+    else:
+        norms = jnp.sum(a ** norm_type, axis=-1) ** (1.0 / norm_type)
+    # PyTorch's CPU kernel: scale = max_norm / (norm + 1e-7) in double, applied in the row's dtype
+    scale = (max_norm / (norms.astype(jnp.float64) + 1e-7)).astype(rows.dtype)
+    scaled = jnp.where((norms > max_norm)[:, None], rows * scale[:, None], rows)
+    return weight.at[idx].set(scaled.astype(weight.dtype))  # repeated indices write the same row
+
+
 @register("embedding_dense_backward.default")
 def embedding_dense_backward(sig, grad, indices, num_weights, padding_idx, scale_grad_by_freq):
     grad = _f(grad)
