@@ -681,3 +681,23 @@ def test_device_embedding_max_norm_renorms_rows_in_place(norm_type):
     _close(ly, y.detach(), atol=1e-6)
     _close(lm.weight.detach(), m.weight.detach(), atol=1e-6)
     _close(lm.weight.grad, m.weight.grad, atol=1e-6)
+
+
+def test_device_bilinear_layer_forward_and_backward():
+    # nn.Bilinear goes through aten::_trilinear (it fell back to the CPU)
+    import copy
+    from lazyhelp import cnt
+    dev = lazyxla.device()
+    torch.manual_seed(0)
+    m = torch.nn.Bilinear(3, 4, 2)
+    lm = copy.deepcopy(m).to(dev)
+    a, b = rnd(5, 3, seed=71).requires_grad_(), rnd(5, 4, seed=72).requires_grad_()
+    la, lb = a.detach().to(dev).requires_grad_(), b.detach().to(dev).requires_grad_()
+    before = cnt("aten::_trilinear")
+    m(a, b).pow(2).sum().backward()
+    lm(la, lb).pow(2).sum().backward()
+    lazyxla.sync()
+    assert cnt("aten::_trilinear") == before
+    _close(la.grad, a.grad)
+    _close(lb.grad, b.grad)
+    _close(lm.weight.grad, m.weight.grad, atol=1e-4)

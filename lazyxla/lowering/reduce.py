@@ -219,6 +219,17 @@ def _bmm(sig, a, b):
     return jnp.matmul(a, b, precision=HI)
 
 
+@register("_trilinear.default")  # nn.Bilinear: the three operands unsqueezed, multiplied, summed
+def _trilinear(sig, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    i1, i2, i3 = _mmdt(sig, i1, i2, i3)
+    xs = []
+    for x, expand in ((i1, expand1), (i2, expand2), (i3, expand3)):
+        for d in sorted(expand):
+            x = jnp.expand_dims(x, d)
+        xs.append(x)
+    return jnp.sum(xs[0] * xs[1] * xs[2], axis=tuple(sumdim))
+
+
 @register("mv.default")
 def _mv(sig, a, b):
     a, b = _mmdt(sig, a, b)
