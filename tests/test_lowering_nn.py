@@ -701,3 +701,21 @@ def test_device_bilinear_layer_forward_and_backward():
     _close(la.grad, a.grad)
     _close(lb.grad, b.grad)
     _close(lm.weight.grad, m.weight.grad, atol=1e-4)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")], ids=str)
+def test_device_cdist_backward_matches_eager_with_a_zero_distance(p):
+    from lazyhelp import cnt
+    dev = lazyxla.device()
+    a, b = rnd(2, 4, 3, seed=81), rnd(2, 5, 3, seed=82)
+    b[0, 1] = a[0, 2]  # a zero distance: PyTorch's gradient is 0 there, not 0/0
+    g = rnd(2, 4, 5, seed=83)
+    x1, x2 = a.clone().requires_grad_(), b.clone().requires_grad_()
+    l1, l2 = a.to(dev).requires_grad_(), b.to(dev).requires_grad_()
+    before = cnt("aten::_cdist_backward")
+    (torch.cdist(x1, x2, p=p) * g).sum().backward()
+    (torch.cdist(l1, l2, p=p) * g.to(dev)).sum().backward()
+    lazyxla.sync()
+    assert cnt("aten::_cdist_backward") == before
+    _close(l1.grad, x1.grad)
+    _close(l2.grad, x2.grad)

@@ -111,6 +111,30 @@ def cdist_forward(sig, x1, x2, p, compute_mode=None):
     return _pnorm(x1[..., :, None, :] - x2[..., None, :, :], float(p))
 
 
+@register("_cdist_backward.default")
+def cdist_backward(sig, grad, x1, x2, p, cdist):
+    """Gradient for x1 with PyTorch's CPU formulas per p; a zero distance gives 0, not 0/0."""
+    g, x1, x2, dist = _f(grad), _f(x1), _f(x2), _f(cdist)
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    d = dist[..., None]
+    safe = jnp.where(d == 0, 1, d)
+    p = float(p)
+    if p == 0:
+        return jnp.zeros_like(x1)
+    if p == 1:
+        t = jnp.sign(diff)
+    elif p == 2:
+        t = jnp.where(d == 0, 0, diff / safe)
+    elif math.isinf(p):
+        t = jnp.sign(diff) * (jnp.abs(diff) == d)
+    elif p < 2:
+        t = jnp.where((d == 0) | ((diff == 0) & (p < 1)), 0,
+                      jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / safe ** (p - 1))
+    else:
+        t = jnp.where(d == 0, 0, diff * jnp.abs(diff) ** (p - 2) / safe ** (p - 1))
+    return jnp.sum(g[..., None] * t, axis=-2)
+
+
 @register("_pdist_forward.default")
 def pdist_forward(sig, x, p=2):
     n = x.shape[0]
