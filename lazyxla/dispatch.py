@@ -131,6 +131,10 @@ def _key_of(func, info, args, kwargs, ops, where):
     return tuple(key)
 
 
+_PACKED_SEQUENCE_OPS = ("aten::_pack_padded_sequence", "aten::_pad_packed_sequence", "aten::lstm", "aten::gru",
+                        "aten::rnn_tanh", "aten::rnn_relu")
+
+
 def _key_item(a, is_value, ops, info, where):
     t = type(a)
     if t is LazyTensor:
@@ -151,6 +155,10 @@ def _key_item(a, is_value, ops, info, where):
             up = to_device(a)
             ops.append(up._st.ir)
             return up._meta
+        if info.name.split(".")[0] in _PACKED_SEQUENCE_OPS:
+            raise LazyXlaError(
+                f"{info.name}: lazyxla does not support packed sequences yet (PyTorch keeps their lengths on "
+                f"the CPU) at {fmt_where(where or user_frame(1))}; pad the batch and mask the padding instead")
         raise LazyXlaError(
             f"{info.name}: expected all tensors on {DEVICE}, but one is on {a.device} "
             f"(shape {list(a.shape)}, {a.dtype}) at {fmt_where(where or user_frame(1))}. Move it with .to(lazyxla.device())."

@@ -219,6 +219,14 @@ def test_decomposition_that_declines_falls_back():
     torch.testing.assert_close(lx.grad.cpu(), x.grad)
 
 
+def test_packed_sequences_are_refused_with_a_clear_message():
+    x = torch.randn(3, 5, 2).to(DEV)
+    line = inspect.currentframe().f_lineno + 2
+    with pytest.raises(lazyxla.LazyXlaError, match="does not support packed sequences") as ei:
+        torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor([5, 3, 2]), batch_first=True)
+    assert f"{HERE}:{line}" in str(ei.value)
+
+
 def test_fallback_tuple_result():
     g = torch.Generator().manual_seed(3)
     h = torch.randn(4, 7, generator=g)
