@@ -329,8 +329,8 @@ def _dtype_name(dt):
 
 def _check_inplace(func, args, kwargs, where, info):
     """An in-place op must keep its target's shape and dtype: PyTorch's own meta kernel of
-    the in-place op says whether the result can be cast back, and whether it would change
-    the tensor's shape (transpose_, unsqueeze_), which a lazy tensor cannot do in place."""
+    the in-place op says whether the result can be cast back. Ops that change the tensor's
+    shape in place are special (_inplace_view, _resize); one that is not found here is refused."""
     margs = _to_meta(list(args))
     try:
         func(*margs, **{k: _to_meta(v) for k, v in (kwargs or {}).items()})
@@ -739,7 +739,7 @@ def _resize(func, args, kwargs):
     for d in size:
         n *= d
     with torch.no_grad():
-        flat = aten.reshape.default(aten.alias.default(t), [-1])
+        flat = aten.reshape.default(t, [-1])
         have = flat.shape[0]
         if n <= have:
             flat = aten.slice.Tensor(flat, 0, 0, n)
@@ -802,12 +802,14 @@ def _upload_to_copy(src, dtype=None, layout=None, device=None, pin_memory=None, 
 # ``model.to(lazyxla.device())`` converts them: PyTorch keeps the tie only for devices whose
 # tensors can take a CPU tensor's data in place (CUDA can; lazyxla's, like torch_xla's, cannot).
 # Two live uploads of one unchanged parameter say the tie was broken: tell the user.
-_UPLOADED_PARAMS: dict = {}  # id of a CPU Parameter -> (weakref to it, its version, weakref to its upload's storage)
+# id of a live CPU Parameter -> (a weak reference whose callback drops the entry when the
+# Parameter dies, its version, a weak reference to its upload's storage)
+_UPLOADED_PARAMS: dict = {}
 
 
 def _note_parameter_upload(src, up):
     prev = _UPLOADED_PARAMS.get(id(src))
-    if prev is not None and prev[0]() is src and prev[1] == src._version and prev[2]() is not None:
+    if prev is not None and prev[1] == src._version and prev[2]() is not None:
         where = user_frame(1) or ("<unknown>", 0, "")
         warnings.warn_explicit(
             f"lazyxla: the same Parameter ({_describe(src)}) was moved to {DEVICE} twice: if it is shared by "

@@ -50,7 +50,7 @@ class ExecutionError(RuntimeError):
 _waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazyxla-exec")
 MAX_INFLIGHT = 2
 _inflight = deque()  # completion futures not yet waited on by wait_device_ops, oldest first
-_last_done = [0]  # when the previous program finished (ExecuteTime counts from then if later)
+_last_done = 0  # when the previous program finished (ExecuteTime counts from then if later)
 
 
 class Placeholder:
@@ -62,11 +62,6 @@ class Placeholder:
     def __init__(self, future, array):
         self.future = future
         self.array = array
-
-    def failure(self):
-        """The program's failure if it has finished and failed; does not wait."""
-        f = self.future
-        return f.exception() if f.done() else None
 
     def get(self):
         """The computed array; waits for the program and raises if it failed."""
@@ -81,24 +76,20 @@ class Placeholder:
         return self.array
 
 
-def resolve(d):
-    """The jax.Array behind a storage's data, computed; raises if its program failed."""
-    a = d.get() if type(d) is Placeholder else d
-    if a.is_deleted():
-        raise ExecutionError("lazyxla: this tensor's device buffer was donated to a program "
-                             "(lazyxla.set_buffer_donation) and no longer exists")
-    return a
-
-
-def _argument(d):
-    """The jax.Array to pass to the next program; does not wait for it to be computed."""
+def resolve(d, wait=True):
+    """The jax.Array behind a storage's data; raises if its program failed or its buffer was
+    donated. ``wait=False`` (an input to the next program) does not wait for it to be computed:
+    only a failure already known is raised."""
     if type(d) is Placeholder:
-        err = d.failure()
-        if err is not None:
-            raise ExecutionError(str(err))
-        d = d.array
+        if wait:
+            d = d.get()
+        else:
+            f = d.future
+            if f.done() and f.exception() is not None:
+                raise ExecutionError(str(f.exception()))
+            d = d.array
     if d.is_deleted():
-        raise ExecutionError("lazyxla: an input's device buffer was donated to a program "
+        raise ExecutionError("lazyxla: this device buffer was donated to a program "
                              "(lazyxla.set_buffer_donation) and no longer exists")
     return d
 
@@ -111,9 +102,10 @@ def _await(outs, key, t0):
             if a.is_deleted():
                 continue  # donated to a later program, which waits on it (and fails if it failed)
             raise ExecutionError(f"lazyxla: execution of graph {key.hex()} failed: {type(e).__name__}: {e}") from None
+    global _last_done
     t1 = _now()
-    metrics.metric_add("ExecuteTime", t1 - max(t0, _last_done[0]), "time")
-    _last_done[0] = t1
+    metrics.metric_add("ExecuteTime", t1 - max(t0, _last_done), "time")
+    _last_done = t1
 
 
 def _failed(message):
@@ -329,7 +321,7 @@ def _execute(prog: CachedProgram, graph: Graph):
         wait([_inflight[-MAX_INFLIGHT]])
     key = prog.key
     try:
-        args = [_argument(p.data) for p in graph.params]
+        args = [resolve(p.data, wait=False) for p in graph.params]
     except ExecutionError as e:
         fut, outs = _failed(f"lazyxla: graph {key.hex()} not run: an input comes from a failed graph ({e})"), None
     else:
@@ -364,11 +356,10 @@ def _fold(force_ltc_data, roots, graph, donors=()):
                               graph.sequence, donors)
 
 
-def _pending_roots(tensors):
+def _pending_roots(tensors, values=None):
     """(tensor id, IR value) of each distinct tensor whose value is still pending IR."""
     roots, seen = [], set()
-    for t in tensors:
-        v = value_of(t)
+    for t, v in zip(tensors, values or map(value_of, tensors)):
         if v[0].data is None and t._uid not in seen:
             seen.add(t._uid)
             roots.append((t._uid, v))
@@ -410,7 +401,7 @@ def read_values(tensors) -> list:
     _flush_tracing()
     values = [value_of(t) for t in tensors]
     arrays = {t._uid: v[0].data for t, v in zip(tensors, values) if v[0].data is not None}
-    roots = _pending_roots(tensors)
+    roots = _pending_roots(tensors, values)
     if roots:
         graph = Graph([r for _, r in roots])
         prog = _lookup(graph, _fold(False, roots, graph), "read")

@@ -84,30 +84,25 @@ def functional_of(func: OpOverload):
         return _FUNCTIONAL[func]
     s = func._schema
     name = s.name.split("::", 1)[1]
-    written = set(_writes(func))
-    r = None
     if name.endswith("_") and not name.endswith("__"):
         packet = getattr(aten, name[:-1], None)
         f = getattr(packet, s.overload_name or "default", None) if packet is not None else None
-        if f is not None and not _writes(f):
-            r = f
-        elif packet is not None:  # transpose_ (default) is transpose.int: the overload with the same arguments
-            want = [a.name for a in s.arguments]
-            for ov in packet.overloads():
-                f = getattr(packet, ov)
-                if not _writes(f) and [a.name for a in f._schema.arguments] == want:
-                    r = f
-                    break
+        # transpose_ (default) is transpose.int: failing the same overload name, the same arguments
+        r = f if f is not None and not _writes(f) else _overload_taking(packet, [a.name for a in s.arguments])
     else:
-        packet = getattr(aten, name, None)
-        want = [a.name for a in s.arguments if a.name not in written]
-        for ov in packet.overloads() if packet is not None else ():
-            f = getattr(packet, ov)
-            if not _writes(f) and [a.name for a in f._schema.arguments] == want:
-                r = f
-                break
+        written = set(_writes(func))
+        r = _overload_taking(getattr(aten, name, None), [a.name for a in s.arguments if a.name not in written])
     _FUNCTIONAL[func] = r
     return r
+
+
+def _overload_taking(packet, names):
+    """The overload of ``packet`` that writes nothing and takes exactly these arguments."""
+    for ov in packet.overloads() if packet is not None else ():
+        f = getattr(packet, ov)
+        if not _writes(f) and [a.name for a in f._schema.arguments] == names:
+            return f
+    return None
 
 
 def _load_decompositions():

@@ -22,7 +22,7 @@ def non_finite_check_and_unscale_(grads, found_inf, inv_scale):
     for g in grads:
         bad = torch.logical_not(torch.isfinite(g)).any().to(found_inf.dtype).reshape(found_inf.shape)
         found_inf.copy_(torch.maximum(found_inf, bad))
-        g.mul_(inv_scale.to(g.dtype) if g.dtype != inv_scale.dtype else inv_scale)
+        g.mul_(inv_scale.to(g.dtype))
 
 
 def update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval):

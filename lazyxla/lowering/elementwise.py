@@ -200,66 +200,39 @@ def _int_pow(a, b):
     return jnp.where(b < 0, neg, acc)
 
 
-@register("maximum.default")
-def _maximum(sig, a, b):
-    dt = _cd(sig)
-    return jnp.maximum(_c(a, dt), _c(b, dt))
+def _binary(f, dtype_of=_cd):
+    """A binary op on both operands cast to PyTorch's promoted dtype (``_float_dt`` for ops
+    whose result is floating)."""
+    def lower(sig, a, b):
+        dt = dtype_of(sig)
+        return f(_c(a, dt), _c(b, dt))
+    return lower
 
 
-@register("minimum.default")
-def _minimum(sig, a, b):
-    dt = _cd(sig)
-    return jnp.minimum(_c(a, dt), _c(b, dt))
-
-
-@register("atan2.default")
-def _atan2(sig, a, b):
-    dt = _float_dt(sig)
-    return jnp.arctan2(_c(a, dt), _c(b, dt))
-
-
-@register("__lshift__.Tensor", "__lshift__.Scalar", "bitwise_left_shift.Tensor",
-          "bitwise_left_shift.Tensor_Scalar")
-def _lshift(sig, a, b):
-    dt = _cd(sig)
-    return jnp.left_shift(_c(a, dt), _c(b, dt))
-
-
-@register("__rshift__.Tensor", "__rshift__.Scalar", "bitwise_right_shift.Tensor",
-          "bitwise_right_shift.Tensor_Scalar")
-def _rshift(sig, a, b):  # arithmetic for signed integers, logical for uint8, as in PyTorch
-    dt = _cd(sig)
-    return jnp.right_shift(_c(a, dt), _c(b, dt))
-
-
-@register("hypot.default")
-def _hypot(sig, a, b):
-    dt = _float_dt(sig)
-    return jnp.hypot(_c(a, dt), _c(b, dt))
-
-
-for _name, _f in {"bitwise_and": jnp.bitwise_and, "bitwise_or": jnp.bitwise_or,
-                  "bitwise_xor": jnp.bitwise_xor, "logical_and": jnp.logical_and,
-                  "logical_or": jnp.logical_or, "logical_xor": jnp.logical_xor}.items():
-    def _mk(f):
-        def lower(sig, a, b):
-            dt = _cd(sig)
-            return f(_c(a, dt), _c(b, dt))
-        return lower
-    register(f"{_name}.Tensor" if _name.startswith("bitwise") else f"{_name}.default")(_mk(_f))
-    if _name.startswith("bitwise"):
-        register(f"{_name}.Scalar")(_mk(_f))
+for _ops, _f in [
+    (("maximum.default",), jnp.maximum),
+    (("minimum.default",), jnp.minimum),
+    (("bitwise_and.Tensor", "bitwise_and.Scalar"), jnp.bitwise_and),
+    (("bitwise_or.Tensor", "bitwise_or.Scalar"), jnp.bitwise_or),
+    (("bitwise_xor.Tensor", "bitwise_xor.Scalar"), jnp.bitwise_xor),
+    (("logical_and.default",), jnp.logical_and),
+    (("logical_or.default",), jnp.logical_or),
+    (("logical_xor.default",), jnp.logical_xor),
+    (("__lshift__.Tensor", "__lshift__.Scalar", "bitwise_left_shift.Tensor",
+      "bitwise_left_shift.Tensor_Scalar"), jnp.left_shift),
+    # arithmetic for signed integers, logical for uint8, as in PyTorch
+    (("__rshift__.Tensor", "__rshift__.Scalar", "bitwise_right_shift.Tensor",
+      "bitwise_right_shift.Tensor_Scalar"), jnp.right_shift),
+]:
+    register(*_ops)(_binary(_f))
+register("atan2.default")(_binary(jnp.arctan2, _float_dt))
+register("hypot.default")(_binary(jnp.hypot, _float_dt))
 
 
 # -- comparisons ---------------------------------------------------------------------------
 for _name, _f in {"eq": jnp.equal, "ne": jnp.not_equal, "lt": jnp.less, "le": jnp.less_equal,
                   "gt": jnp.greater, "ge": jnp.greater_equal}.items():
-    def _mk(f):
-        def lower(sig, a, b):
-            dt = _cd(sig)
-            return f(_c(a, dt), _c(b, dt))
-        return lower
-    register(f"{_name}.Tensor", f"{_name}.Scalar")(_mk(_f))
+    register(f"{_name}.Tensor", f"{_name}.Scalar")(_binary(_f))
 
 
 # -- ternary and friends -------------------------------------------------------------------
