@@ -1,4 +1,4 @@
-"""The persistent compilation cache (SPEC R7): compiled XLA programs on disk, one file per key.
+"""The persistent compilation cache (R7 in docs/design.md): compiled XLA programs on disk, one file per key.
 
 Job: keep compiled programs across processes, so that a second process running the same graph
 loads its executable instead of compiling it. ``get_cache()`` gives the process-wide cache, set up

@@ -1,4 +1,4 @@
-"""The compilation cache as a user sees it (SPEC R6, R14 metric names).
+"""The compilation cache as a user sees it (R6, R14 metric names in docs/design.md).
 
 Every cache lookup counts exactly one of UncachedCompile / CachedCompile; a warm training
 loop stops compiling; XLA_COMPILATION_CACHE_SIZE bounds an LRU (checked in subprocesses,

@@ -1,4 +1,4 @@
-"""Bad input and CPU fallbacks (SPEC R1.2, R1.7).
+"""Bad input and CPU fallbacks (R1.2, R1.7 in docs/design.md).
 
 User errors are raised where the user recorded the op, naming the op, the shapes or devices
 and the user's file:line. Ops with no lowering run on the CPU and are counted as aten::<op>.

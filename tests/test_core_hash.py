@@ -1,4 +1,4 @@
-"""The graph hash as a user sees it (SPEC R1.3-R1.5, R2, R3).
+"""The graph hash as a user sees it (R1.3-R1.5, R2, R3 in docs/design.md).
 
 ``lazyxla.graph_hash(tensors)`` is the hex of the cache key a sync of the tensors' pending IR
 would look up. Besides comparing hashes, several tests check that the hash really is the

@@ -1,4 +1,4 @@
-"""The HLO dump (SPEC R10) and the public metrics API (R14) through real device work."""
+"""The HLO dump (R10) and the public metrics API (R14 in docs/design.md) through real device work."""
 from __future__ import annotations
 
 import gc

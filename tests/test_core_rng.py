@@ -1,4 +1,4 @@
-"""Random numbers on the lazy device (SPEC R8).
+"""Random numbers on the lazy device (R8 in docs/design.md).
 
 The seed is a device-data parameter: a new seed never recompiles; the same seed and the same
 program give the same numbers; each sync advances the seed.

@@ -1,4 +1,4 @@
-"""Sync, value reads and transfers as a user sees them (SPEC R4, R5, R1.6, R9.5).
+"""Sync, value reads and transfers as a user sees them (R4, R5, R1.6, R9.5 in docs/design.md).
 
 Counters are process-global: every assertion is on a delta. Each test that counts compiles
 uses tensor lengths no other test uses, so its programs were never compiled before.
