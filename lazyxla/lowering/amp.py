@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import DECOMPOSITIONS
+from .registry import DECOMPOSITIONS
 
 aten = torch.ops.aten
 

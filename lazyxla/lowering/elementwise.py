@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import torch
 
 from ..runtime import jnp_dtype
-from . import register
+from .registry import register
 
 
 def _cd(sig, default=None):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..runtime import jnp_dtype
-from . import register
+from .registry import register
 
 
 def _meta(sig):

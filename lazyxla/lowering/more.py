@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import LOWERINGS, _resolve, register
+from .registry import register
 from .nn import _adaptive_matrix
 
 _HI = lax.Precision.HIGHEST

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from ..runtime import jnp_dtype
-from . import register
+from .registry import register
 
 
 def _key(seed):

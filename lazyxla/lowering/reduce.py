@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import torch
 
 from ..runtime import jnp_dtype
-from . import register
+from .registry import register
 
 HI = jax.lax.Precision.HIGHEST
 

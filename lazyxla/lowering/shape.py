@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from . import register
+from .registry import register
 
 
 def _shape(sig, i=0):

@@ -1,0 +1,141 @@
+"""The program: a post-order of IR nodes as one JAX function, and the lowerings of the
+nodes lazyxla records itself.
+
+``lower_call`` evaluates one signature's registered lowering (``sig.lower``) on JAX values:
+it instantiates the call's template, runs 0-d operands of ``ZERO_D_AS_VECTOR`` ops as
+1-element vectors, casts results to PyTorch's output dtypes and broadcasts them where
+PyTorch broadcasts. ``build_program`` chains the nodes of a post-order into one function of
+the parameters, which ``executor`` hands to ``jax.jit``. ``lower_convert`` and
+``lower_view_scatter`` lower dispatch's own ``lazyxla::convert`` and ``lazyxla::view_scatter``
+nodes.
+
+May touch: nothing; reads the registries only.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from ..ir import Slot
+from ..runtime import jnp_dtype
+from .registry import ZERO_D_AS_VECTOR
+
+
+# ---------------------------------------------------------------------------------------
+# The program: post-order -> one JAX function of the parameters.
+def _instantiate(x, vals):
+    t = type(x)
+    if t is Slot:
+        return vals[x.i]
+    if t is tuple:
+        return tuple(_instantiate(y, vals) for y in x)
+    return x
+
+
+def lower_node(node, vals):
+    """Evaluate one node on JAX values (inside a trace)."""
+    return lower_call(node.sig, vals)
+
+
+def lower_call(sig, vals):
+    """Evaluate a signature's lowering on operand values (JAX arrays or abstract values).
+    Results are cast to PyTorch's output dtypes and broadcast where PyTorch broadcasts; a
+    shape that cannot be PyTorch's is an error, never silently reshaped."""
+    if all(0 in m.shape for m in sig.outs):
+        # nothing to compute (and some JAX reductions refuse zero-size inputs)
+        return tuple(jnp.zeros(m.shape, jnp_dtype(m.dtype)) for m in sig.outs)
+    targs, tkw = sig.template
+    args = _instantiate(targs, vals)
+    kwargs = {k: _instantiate(v, vals) for k, v in tkw}
+    as_vector = ZERO_D_AS_VECTOR.get(sig.func)
+    if as_vector and getattr(args[0], "ndim", None) == 0:
+        args = _as_vectors(args, as_vector)
+    out = sig.lower(sig, *args, **kwargs)
+    if not isinstance(out, (tuple, list)):
+        out = (out,)
+    if as_vector and len(out) == len(sig.outs):
+        out = [jnp.reshape(o, m.shape) for o, m in zip(out, sig.outs)]
+    res = []
+    for o, m in zip(out, sig.outs):
+        o = jnp.asarray(o)
+        want = jnp_dtype(m.dtype)
+        if o.dtype != want:
+            o = o.astype(want)
+        if tuple(o.shape) != m.shape:
+            if not _broadcastable(o.shape, m.shape):
+                raise ValueError(f"the lowering of {sig.op} gives shape {list(o.shape)} where PyTorch gives "
+                                 f"{list(m.shape)}")
+            o = jnp.broadcast_to(o, m.shape)
+        res.append(o)
+    if len(res) != len(sig.outs):
+        raise ValueError(f"the lowering of {sig.op} gives {len(res)} outputs where PyTorch gives {len(sig.outs)}")
+    return tuple(res)
+
+
+def _as_vectors(args, which):
+    """0-d operands as shape (1,): the input, and for "index"/"all" the index (argument 2)
+    and for "all" the source (argument 3)."""
+    picks = {0} | ({2} if which in ("index", "all") else set()) | ({3} if which == "all" else set())
+    return tuple(a.reshape(1) if i in picks and getattr(a, "ndim", None) == 0 else a
+                 for i, a in enumerate(args))
+
+
+def _broadcastable(src, dst):
+    if len(src) > len(dst):
+        return False
+    for a, b in zip(reversed(src), reversed(dst)):
+        if a != b and a != 1:
+            return False
+    return True
+
+
+def build_program(post, roots, params):
+    """A function ``f(*param_arrays) -> tuple(root arrays)`` evaluating the graph."""
+    param_index = {}
+    for i, leaf in enumerate(params):
+        param_index[id(leaf)] = i
+    ops = [n for n in post if n.data is None]
+
+    def program(*arrays):
+        env = {}
+        for n in post:
+            if n.data is not None:
+                env[id(n)] = (arrays[param_index[id(n)]],)
+        for n in ops:
+            vals = [env[id(o)][i] for o, i in n.operands]
+            env[id(n)] = lower_node(n, vals)
+        return tuple(env[id(r)][i] for r, i in roots)
+
+    return program
+
+
+# ---------------------------------------------------------------------------------------
+# Internal nodes recorded by dispatch itself.
+def lower_convert(sig, x):
+    return x  # the generic output cast does the conversion; shape broadcasts
+
+
+def lower_view_scatter(sig, base, src, views=None):
+    """Write ``src`` into ``base`` through the chain of views ``sig.func`` ((view OpSig, output
+    index) pairs, outermost first): the chain applied to an index map of ``base`` says which
+    element of ``base`` each element of ``src`` came from."""
+    n = 1
+    for s in base.shape:
+        n *= s
+    idx = jnp.arange(n, dtype=jnp.int64).reshape(base.shape)
+    identity = True
+    for vsig, index in sig.func:
+        targs, tkw = vsig.template
+        mapped = vsig.lower(vsig, *_instantiate(targs, [idx]), **{k: _instantiate(v, [idx]) for k, v in tkw})
+        if isinstance(mapped, (tuple, list)):
+            mapped = mapped[index]
+        idx = jnp.asarray(mapped)
+        identity = identity and _is_identity_view(vsig)
+    if identity:  # view/reshape/alias only: every element keeps its place
+        return jnp.reshape(src, base.shape).astype(base.dtype)
+    flat = base.reshape(-1)
+    flat = flat.at[idx.reshape(-1)].set(jnp.broadcast_to(src, idx.shape).reshape(-1).astype(base.dtype))
+    return flat.reshape(base.shape)
+
+
+def _is_identity_view(vsig):
+    return vsig.op in ("aten::view", "aten::_unsafe_view", "aten::alias", "aten::reshape")

@@ -1,0 +1,111 @@
+"""The lowering registries: which ATen op lowers to which JAX function, and how.
+
+``register`` fills them (every family module imports it from here, never from the package):
+``LOWERINGS`` (op -> lowering), ``RANDOM`` (ops that receive the step's seed),
+``STATIC_ARGS`` (scalar arguments hashed into the node) and ``ZERO_D_AS_VECTOR`` (ops run on
+0-d operands as 1-element vectors). ``DECOMPOSITIONS`` holds PyTorch's decomposition table,
+loaded when this module is imported (``amp`` adds the gradient scaler's two ops to it).
+``functional_of`` finds the functional overload behind an in-place or out= op.
+
+May touch: nothing but these registries. Imports no other lazyxla module.
+"""
+from __future__ import annotations
+
+import torch
+from torch._decomp import decomposition_table
+from torch._ops import OpOverload, OpOverloadPacket
+
+aten = torch.ops.aten
+
+LOWERINGS: dict = {}
+RANDOM: set = set()
+DECOMPOSITIONS: dict = {}
+# Scalar arguments that decide what the op computes (not just a value in it): they are
+# hashed into the node and reach the lowering as Python numbers, never as device data.
+STATIC_ARGS: dict = {}
+# Ops that take a dim and treat a 0-d tensor as a 1-element vector (PyTorch allows dim 0 or
+# -1 there; JAX has no axis on a 0-d array): lower_call runs them on shape (1,) operands and
+# reshapes the results back. The value says which operands: "input", "index" (the first
+# and the index), "all" (input, index and source).
+ZERO_D_AS_VECTOR: dict = {}
+
+
+def _resolve(op):
+    if isinstance(op, OpOverload):
+        return [op]
+    if isinstance(op, OpOverloadPacket):
+        return [getattr(op, o) for o in op.overloads()]
+    if isinstance(op, str):
+        name, _, ov = op.partition(".")
+        packet = getattr(aten, name)
+        if ov == "*":
+            return [getattr(packet, o) for o in packet.overloads()]
+        return [getattr(packet, ov or "default")]
+    raise TypeError(op)
+
+
+def register(*ops, random=False, static=(), zero_d=None):
+    """Decorator: ``@register("add.Tensor", aten.sub.Tensor, ..., static=("ord",))``."""
+    def deco(fn):
+        for op in ops:
+            for o in _resolve(op):
+                LOWERINGS[o] = fn
+                if random:
+                    RANDOM.add(o)
+                if static:
+                    STATIC_ARGS[o] = frozenset(static)
+                if zero_d:
+                    ZERO_D_AS_VECTOR[o] = zero_d
+        return fn
+    return deco
+
+
+def get(func):
+    return LOWERINGS.get(func)
+
+
+def is_random(func) -> bool:
+    return func in RANDOM
+
+
+_FUNCTIONAL: dict = {}
+
+
+def _writes(f):
+    return [a.name for a in f._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+
+
+def functional_of(func: OpOverload):
+    """The functional overload behind an in-place (``add_``) or out= (``add.out``) op, or None."""
+    if func in _FUNCTIONAL:
+        return _FUNCTIONAL[func]
+    s = func._schema
+    name = s.name.split("::", 1)[1]
+    if name.endswith("_") and not name.endswith("__"):
+        packet = getattr(aten, name[:-1], None)
+        f = getattr(packet, s.overload_name or "default", None) if packet is not None else None
+        # transpose_ (default) is transpose.int: failing the same overload name, the same arguments
+        r = f if f is not None and not _writes(f) else _overload_taking(packet, [a.name for a in s.arguments])
+    else:
+        written = set(_writes(func))
+        r = _overload_taking(getattr(aten, name, None), [a.name for a in s.arguments if a.name not in written])
+    _FUNCTIONAL[func] = r
+    return r
+
+
+def _overload_taking(packet, names):
+    """The overload of ``packet`` that writes nothing and takes exactly these arguments."""
+    for ov in packet.overloads() if packet is not None else ():
+        f = getattr(packet, ov)
+        if not _writes(f) and [a.name for a in f._schema.arguments] == names:
+            return f
+    return None
+
+
+def _load_decompositions():
+    for op, fn in decomposition_table.items():
+        if isinstance(op, OpOverload) and op.namespace == "aten":
+            DECOMPOSITIONS[op] = fn
+
+
+_load_decompositions()
