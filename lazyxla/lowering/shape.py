@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
+from ..runtime import jnp_dtype
 from .registry import register
 
 
@@ -139,8 +141,6 @@ def _unfold(sig, x, dim, size, step):
 # -- data movement -------------------------------------------------------------------------
 @register("cat.default")
 def _cat(sig, tensors, dim=0):
-    dt = tensors[0].dtype
-    from ..runtime import jnp_dtype
     dt = jnp_dtype(sig.outs[0].dtype)
     ts = [t.astype(dt) for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
     if not ts:
@@ -150,7 +150,6 @@ def _cat(sig, tensors, dim=0):
 
 @register("stack.default")
 def _stack(sig, tensors, dim=0):
-    from ..runtime import jnp_dtype
     dt = jnp_dtype(sig.outs[0].dtype)
     return jnp.stack([t.astype(dt) for t in tensors], axis=dim % (tensors[0].ndim + 1))
 
@@ -179,8 +178,7 @@ def _pad(sig, x, pad, value=0):
     for i in range(len(pad) // 2):
         d = x.ndim - 1 - i
         cfg[d] = (pad[2 * i], pad[2 * i + 1], 0)
-    import jax
-    return jax.lax.pad(x, jnp.asarray(value, x.dtype), cfg)
+    return lax.pad(x, jnp.asarray(value, x.dtype), cfg)
 
 
 @register("index_select.default", zero_d="index")
