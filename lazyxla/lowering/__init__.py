@@ -15,7 +15,7 @@ file imports them all and defines nothing):
   ``executor``) and the lowerings of dispatch's own nodes, ``lower_convert`` and
   ``lower_view_scatter``.
 - families, each registering its lowerings on import: ``elementwise``, ``reduce``,
-  ``shape``, ``factory``, ``random``, ``nn``, ``more``; ``amp`` (the gradient scaler's ops,
+  ``shape``, ``indexing``, ``factory``, ``random``, ``nn``, ``more``; ``amp`` (the gradient scaler's ops,
   as decompositions).
 
 The names above from ``registry`` and ``program`` are re-exported here: the rest of lazyxla
@@ -26,5 +26,5 @@ from __future__ import annotations
 from .registry import (DECOMPOSITIONS, LOWERINGS, RANDOM, STATIC_ARGS, ZERO_D_AS_VECTOR,  # noqa: F401
                        functional_of, get, is_random, register)
 from .program import build_program, lower_call, lower_convert, lower_node, lower_view_scatter  # noqa: F401
-from . import elementwise, reduce, shape, factory, random, nn, more  # noqa: F401
+from . import elementwise, reduce, shape, indexing, factory, random, nn, more  # noqa: F401
 from . import amp  # noqa: F401  (after PyTorch's table, which registry loads: the gradient scaler's ops)

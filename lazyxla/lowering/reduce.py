@@ -256,15 +256,3 @@ def _add_product(sig, bias, a, b, beta=1, alpha=1):
     if isinstance(beta, (int, float)) and beta == 0:
         return prod
     return _scaled(bias, beta) + prod
-
-
-@register("_unsafe_index.Tensor", "index.Tensor")
-def _index(sig, x, indices):
-    # Advanced indexing with a list of optional index tensors (None keeps the dim).
-    idx = tuple(slice(None) if i is None else (i if i.dtype != jnp.bool_ else i) for i in indices)
-    return x[idx]
-
-
-@register("gather.default", zero_d="index")
-def _gather(sig, x, dim, index, sparse_grad=False):
-    return jnp.take_along_axis(x, index, axis=dim % max(x.ndim, 1))
