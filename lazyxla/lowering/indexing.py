@@ -30,7 +30,7 @@ def _gather(sig, x, dim, index, sparse_grad=False):
     return jnp.take_along_axis(x, index, axis=dim % max(x.ndim, 1))
 
 
-# -- scatter ---------------------------------------------------------------------------------
+# -- scatter -------------------------------------------------------------------------------
 def _scatter_idx(x, dim, index):
     d = dim % x.ndim
     grids = jnp.meshgrid(*[jnp.arange(n) for n in index.shape], indexing="ij")

@@ -19,7 +19,7 @@ import numpy as np
 from jax import lax
 
 from .registry import register
-from .nn import _adaptive_matrix
+from .pooling import _adaptive_matrix
 
 _HI = lax.Precision.HIGHEST
 

@@ -195,7 +195,7 @@ def _triu(sig, x, diagonal=0):
     return jnp.triu(x, diagonal)
 
 
-# -- writing through a view ---------------------------------------------------------------
+# -- writing through a view ----------------------------------------------------------------
 @register("select_scatter.default")
 def _select_scatter(sig, x, src, dim, index):
     d = dim % x.ndim
