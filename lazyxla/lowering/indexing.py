@@ -1,9 +1,12 @@
 """Indexing with index tensors as JAX functions: index_select, gather, advanced indexing
 (``index.Tensor``), scatter (set, add, legacy reduce), index_put (with integer or boolean
-indices), index_add and index_copy.
+indices), index_add and index_copy, masked_scatter and scatter_reduce (sum, prod, amax,
+amin, mean).
 
-Every output has a static shape (a boolean index writes through a running count of the mask;
-ops whose output shape depends on the data stay CPU fallbacks). Touches only the registry.
+Every output has a static shape: a boolean index or mask writes through a running count of
+the mask. Ops whose output shape depends on the data (``nonzero``, ``masked_select``,
+``unique``) are not here: they stay CPU fallbacks on purpose (docs/coverage.md). Touches only
+the registry.
 """
 from __future__ import annotations
 
@@ -32,8 +35,8 @@ def _gather(sig, x, dim, index, sparse_grad=False):
 
 # -- scatter -------------------------------------------------------------------------------
 def _scatter_idx(x, dim, index):
-    d = dim % x.ndim
-    grids = jnp.meshgrid(*[jnp.arange(n) for n in index.shape], indexing="ij")
+    d = dim % max(x.ndim, 1)
+    grids = list(jnp.meshgrid(*[jnp.arange(n) for n in index.shape], indexing="ij"))
     grids[d] = index
     return tuple(grids)
 
@@ -107,3 +110,59 @@ def _index_copy(sig, x, dim, index, source):
     idx = [slice(None)] * x.ndim
     idx[d] = index
     return x.at[tuple(idx)].set(source.astype(x.dtype))
+
+
+# -- scatters that count or reduce -----------------------------------------------------
+@register("masked_scatter.default")
+def masked_scatter(sig, x, mask, source):
+    """The k-th True element of the (broadcast) mask takes the k-th element of source."""
+    shape = tuple(sig.outs[0].shape)
+    flat = jnp.broadcast_to(x, shape).reshape(-1)
+    m = jnp.broadcast_to(mask, shape).reshape(-1)
+    src = source.reshape(-1).astype(x.dtype)
+    if src.size == 0:
+        return flat.reshape(shape)
+    k = jnp.clip(jnp.cumsum(m.astype(jnp.int64)) - 1, 0, src.size - 1)
+    return jnp.where(m, src[k], flat).reshape(shape)
+
+
+def _extreme(dtype, high):
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.inf if high else -jnp.inf
+    if dtype == jnp.bool_:
+        return high
+    info = jnp.iinfo(dtype)
+    return info.max if high else info.min
+
+
+@register("scatter_reduce.two")
+def scatter_reduce(sig, x, dim, index, src, reduce, include_self=True):
+    if index.size == 0:
+        return x
+    if x.ndim == 0:
+        return scatter_reduce(sig, x.reshape(1), 0, index.reshape(1), src.reshape(1), reduce,
+                              include_self).reshape(())
+    idx = _scatter_idx(x, dim, index)
+    src = src[tuple(slice(0, n) for n in index.shape)].astype(x.dtype)
+    if reduce == "sum":
+        base = x if include_self else x.at[idx].set(0)
+        return base.at[idx].add(src)
+    if reduce == "prod":
+        base = x if include_self else x.at[idx].set(1)
+        return base.at[idx].multiply(src)
+    if reduce == "amax":
+        base = x if include_self else x.at[idx].set(_extreme(x.dtype, False))
+        return base.at[idx].max(src)
+    if reduce == "amin":
+        base = x if include_self else x.at[idx].set(_extreme(x.dtype, True))
+        return base.at[idx].min(src)
+    if reduce == "mean":
+        base = x if include_self else x.at[idx].set(0)
+        total = base.at[idx].add(src)
+        count = (jnp.ones(x.shape, jnp.int64) if include_self else jnp.zeros(x.shape, jnp.int64)
+                 ).at[idx].add(1)
+        count = jnp.maximum(count, 1)
+        if jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.complexfloating):
+            return total / count.astype(x.dtype)
+        return jnp.floor_divide(total, count.astype(x.dtype))
+    raise NotImplementedError(f"aten::scatter_reduce: reduce={reduce!r}")

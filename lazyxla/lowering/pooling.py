@@ -1,5 +1,5 @@
 """Pooling: 2-d max pooling with indices, 2-d average and adaptive average pooling, each
-with its backward.
+with its backward; 3-d average and adaptive average pooling (forward ops).
 
 A 2-d window is read as one strided slice of the padded input per kernel offset, stacked on
 a last axis K; static numpy arrays say which offsets fall inside the input and which flat
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .nn_helpers import _HIGHEST, _f, _vjp
+from .nn_helpers import _HIGHEST, _f, _ntuple, _vjp
 from .registry import register
 
 
@@ -91,18 +91,17 @@ def max_pool2d_with_indices_backward(sig, grad, x, kernel_size, stride, padding,
 
 
 # -- average pooling -----------------------------------------------------------------------
-def _avg_divisor(in_hw, out_hw, kernel, stride, padding, count_include_pad, divisor_override):
-    """Static [OH, OW] divisors as PyTorch's CPU kernel computes them."""
+def _avg_divisor(in_sz, out_sz, kernel, stride, padding, count_include_pad, divisor_override):
+    """Static divisors, shaped like the pooled spatial dims, as PyTorch's CPU kernel computes them."""
     if divisor_override is not None:
-        return np.full(out_hw, float(divisor_override))
-    sizes = []
-    for n, o, k, s, p in zip(in_hw, out_hw, kernel, stride, padding):
+        return np.full(out_sz, float(divisor_override))
+    div = np.ones((), np.float64)
+    for n, o, k, s, p in zip(in_sz, out_sz, kernel, stride, padding):
         start = np.arange(o) * s - p
         end = np.minimum(start + k, n + p)
-        full = end - start
-        inside = np.minimum(end, n) - np.maximum(start, 0)
-        sizes.append(full if count_include_pad else inside)
-    return np.outer(sizes[0], sizes[1]).astype(np.float64)
+        size = (end - start) if count_include_pad else (np.minimum(end, n) - np.maximum(start, 0))
+        div = np.multiply.outer(div, size.astype(np.float64))
+    return div
 
 
 def _avg_pool(x, out_hw, kernel, stride, padding, count_include_pad, divisor_override):
@@ -126,6 +125,30 @@ def avg_pool2d_backward(sig, grad, x, kernel_size, stride, padding, ceil_mode, c
     out_hw = grad.shape[-2:]
     fwd = lambda x_: _avg_pool(x_, out_hw, k, s, p, count_include_pad, divisor_override)
     return _vjp(fwd, (_f(x),), _f(grad))[0]
+
+
+# 3-d: the window sums as one reduce_window over the padded input.
+def _avg_pool_nd(x, out_sz, kernel, stride, padding, count_include_pad, divisor_override):
+    n = len(kernel)
+    lead = x.ndim - n
+    in_sz = x.shape[lead:]
+    hi = [max(0, (o - 1) * s + k - i - p) for o, s, k, i, p in zip(out_sz, stride, kernel, in_sz, padding)]
+    xp = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0)] * lead + [(p, h, 0) for p, h in zip(padding, hi)])
+    s = lax.reduce_window(xp, jnp.zeros((), x.dtype), lax.add, (1,) * lead + tuple(kernel),
+                          (1,) * lead + tuple(stride), "VALID")
+    s = s[(Ellipsis,) + tuple(slice(0, o) for o in out_sz)]
+    div = _avg_divisor(in_sz, out_sz, kernel, stride, padding, count_include_pad, divisor_override)
+    return s / jnp.asarray(div, x.dtype)
+
+
+@register("avg_pool3d.default")
+def avg_pool3d(sig, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    k = _ntuple(kernel_size, 3)
+    s = _ntuple(stride, 3) if stride not in (None, [], ()) else k
+    p = _ntuple(padding, 3)
+    return _avg_pool_nd(_f(x), tuple(sig.outs[0].shape[-3:]), k, s, p, count_include_pad,
+                        divisor_override)
 
 
 # -- adaptive average pooling --------------------------------------------------------------
@@ -156,3 +179,20 @@ def adaptive_avg_pool2d(sig, x, output_size):
 def adaptive_avg_pool2d_backward(sig, grad, x):
     out_hw = tuple(grad.shape[-2:])
     return _vjp(lambda x_: _adaptive_avg_pool(x_, out_hw), (_f(x),), _f(grad))[0]
+
+
+# 3-d: the windows as one membership matrix per pooled axis.
+def _adaptive_avg_pool_nd(x, out_sz):
+    n = len(out_sz)
+    div = np.ones((), np.float64)
+    for i, o in enumerate(out_sz):
+        ax = x.ndim - n + i
+        m, c = _adaptive_matrix(x.shape[ax], o)
+        x = jnp.moveaxis(jnp.tensordot(x, jnp.asarray(m.T, x.dtype), axes=([ax], [0]), precision=_HIGHEST), -1, ax)
+        div = np.multiply.outer(div, c)
+    return x / jnp.asarray(div, x.dtype)
+
+
+@register("_adaptive_avg_pool3d.default")
+def adaptive_avg_pool3d(sig, x, output_size):
+    return _adaptive_avg_pool_nd(_f(x), tuple(sig.outs[0].shape[-3:]))
