@@ -193,13 +193,16 @@ def format_time(ns):
     return "".join(out)
 
 
-def format_bytes(value):
+def format_bytes(value, digits=2, whole_bytes=False):
+    """``value`` bytes in the largest unit it reaches (B, KB, MB, GB, TB, PB; steps of 1024) with
+    ``digits`` decimals: ``1.50KB`` (torch_xla's report format). ``whole_bytes``: counts under
+    1KB print without decimals (``512B``)."""
     suffixes = ("B", "KB", "MB", "GB", "TB", "PB")
     i = 0
     while i + 1 < len(suffixes) and value >= 1024.0:
         value /= 1024.0
         i += 1
-    return "%.2f%s" % (value, suffixes[i])
+    return "%.*f%s" % (0 if whole_bytes and i == 0 else digits, value, suffixes[i])
 
 
 def format_value(value):
