@@ -18,8 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lazyxla import metrics
+from lazyxla import files, metrics
 import lazyxla.persistent_cache as pc
+from lazyxla.persistent_cache import store
 
 SPECS = [jax.ShapeDtypeStruct((8,), jnp.float32), jax.ShapeDtypeStruct((8,), jnp.float32)]
 KEY = bytes.fromhex("0123456789abcdef0123456789abcdef")
@@ -92,6 +93,7 @@ CHILD = textwrap.dedent('''
     import lazyxla
     import jax, jax.numpy as jnp
     import lazyxla.persistent_cache as pc
+    from lazyxla.persistent_cache import store
     from lazyxla import metrics
 
     mode, path = sys.argv[1], sys.argv[2]
@@ -129,7 +131,7 @@ CHILD = textwrap.dedent('''
         report(fn, compiled, cache)
     elif mode == "slow":         # a writer that takes long enough to be killed mid-file
         c = compile_prog()
-        pc._CHUNK_BYTES, pc._chunk_pause = 256, 0.2
+        store._CHUNK_BYTES, store._chunk_pause = 256, 0.2
         print("writing", flush=True)
         cache.store(KEY, c, {})
         print("finished", flush=True)
@@ -175,7 +177,7 @@ EXPECTED = [[1.0, 3.0, 5.0, 7.0, 9.0, 11.0, 13.0, 15.0], [26.0] * 8]
 # (1) store then load in one process
 @pytest.mark.parametrize("call_path", ["compiled", "raw"])
 def test_store_then_load_same_results_and_donation(cdir, monkeypatch, call_path):
-    monkeypatch.setattr(pc, "CALL_PATH", call_path)
+    monkeypatch.setattr(store, "CALL_PATH", call_path)
     cache = pc.PersistentCache(cdir)
     c = compile_prog()
     before = counters()
@@ -468,7 +470,7 @@ def test_failed_write_leaves_no_temp_file(cdir, monkeypatch):
 
     def boom(fd):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(pc.os, "fsync", boom)
+    monkeypatch.setattr(files.os, "fsync", boom)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         cache.store(KEY, compile_prog(), {})
