@@ -26,7 +26,7 @@ from __future__ import annotations
 from .registry import (DECOMPOSITIONS, LOWERINGS, RANDOM, STATIC_ARGS, ZERO_D_AS_VECTOR,  # noqa: F401
                        functional_of, get, is_random, register)
 from .program import build_program, lower_call, lower_convert, lower_node, lower_view_scatter  # noqa: F401
-from . import elementwise, reduce, shape, indexing, factory, random  # noqa: F401
+from . import elementwise, reduce, matmul, shape, indexing, factory, random  # noqa: F401
 from . import conv, pooling, resample, softmax, loss, layer_norm, embedding, activation  # noqa: F401
 from . import distance, fft  # noqa: F401
 from . import amp  # noqa: F401  (after PyTorch's table, which registry loads: the gradient scaler's ops)

@@ -1,19 +1,17 @@
-"""Reductions, scans and matrix products as JAX functions.
+"""Reductions (sum, mean, prod, max/min, arg-max/min, any/all, var/std, vector norms,
+logsumexp), scans (cumsum, cumprod), sort and top-k as JAX functions.
 
 Reductions accumulate in float32 for half types and in int64 for integer sums, as
-PyTorch does; matrix products use HIGHEST precision so float32 matches CPU eager.
+PyTorch does; ops taking a dim run a 0-d input as a 1-element vector (``zero_d="input"``).
 Touches only the registry.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import torch
 
 from ..runtime import jnp_dtype
 from .registry import register
-
-HI = jax.lax.Precision.HIGHEST
 
 
 def _dims(x, dim):
@@ -199,60 +197,3 @@ def _topk(sig, x, k, dim=-1, largest=True, sorted=True):
     if not largest:
         v = -v
     return jnp.moveaxis(v, -1, d), jnp.moveaxis(i, -1, d)
-
-
-# -- matrix products -----------------------------------------------------------------------
-def _mmdt(sig, *xs):
-    dt = _out_dt(sig)
-    return [x.astype(dt) if x.dtype != dt else x for x in xs]
-
-
-@register("mm.default")
-def _mm(sig, a, b):
-    a, b = _mmdt(sig, a, b)
-    return jnp.matmul(a, b, precision=HI)
-
-
-@register("bmm.default")
-def _bmm(sig, a, b):
-    a, b = _mmdt(sig, a, b)
-    return jnp.matmul(a, b, precision=HI)
-
-
-@register("_trilinear.default")  # nn.Bilinear: the three operands unsqueezed, multiplied, summed
-def _trilinear(sig, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
-    i1, i2, i3 = _mmdt(sig, i1, i2, i3)
-    xs = []
-    for x, expand in ((i1, expand1), (i2, expand2), (i3, expand3)):
-        for d in sorted(expand):
-            x = jnp.expand_dims(x, d)
-        xs.append(x)
-    return jnp.sum(xs[0] * xs[1] * xs[2], axis=tuple(sumdim))
-
-
-@register("mv.default")
-def _mv(sig, a, b):
-    a, b = _mmdt(sig, a, b)
-    return jnp.matmul(a, b, precision=HI)
-
-
-@register("dot.default", "vdot.default")
-def _dot(sig, a, b):
-    a, b = _mmdt(sig, a, b)
-    return jnp.dot(a, b, precision=HI)
-
-
-def _scaled(x, s):
-    if isinstance(s, (int, float)) and s == 1:
-        return x
-    return x * (s.astype(x.dtype) if hasattr(s, "astype") else s)
-
-
-@register("addmm.default", "baddbmm.default", "addmv.default")
-def _add_product(sig, bias, a, b, beta=1, alpha=1):
-    """beta * bias + alpha * (a @ b); with beta == 0 the bias is ignored (NaNs too), as in PyTorch."""
-    bias, a, b = _mmdt(sig, bias, a, b)
-    prod = _scaled(jnp.matmul(a, b, precision=HI), alpha)
-    if isinstance(beta, (int, float)) and beta == 0:
-        return prod
-    return _scaled(bias, beta) + prod

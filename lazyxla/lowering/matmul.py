@@ -1,0 +1,72 @@
+"""Matrix products as JAX functions: mm, bmm, mv, dot/vdot, addmm/baddbmm/addmv and
+``_trilinear`` (``nn.Bilinear``).
+
+Operands are cast to PyTorch's output dtype; products use HIGHEST precision so float32
+matches CPU eager. Touches only the registry.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..runtime import jnp_dtype
+from .registry import register
+
+HI = jax.lax.Precision.HIGHEST
+
+
+def _mmdt(sig, *xs):
+    """The operands in PyTorch's output dtype."""
+    dt = jnp_dtype(sig.outs[0].dtype)
+    return [x.astype(dt) if x.dtype != dt else x for x in xs]
+
+
+@register("mm.default")
+def _mm(sig, a, b):
+    a, b = _mmdt(sig, a, b)
+    return jnp.matmul(a, b, precision=HI)
+
+
+@register("bmm.default")
+def _bmm(sig, a, b):
+    a, b = _mmdt(sig, a, b)
+    return jnp.matmul(a, b, precision=HI)
+
+
+@register("_trilinear.default")  # nn.Bilinear: the three operands unsqueezed, multiplied, summed
+def _trilinear(sig, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    i1, i2, i3 = _mmdt(sig, i1, i2, i3)
+    xs = []
+    for x, expand in ((i1, expand1), (i2, expand2), (i3, expand3)):
+        for d in sorted(expand):
+            x = jnp.expand_dims(x, d)
+        xs.append(x)
+    return jnp.sum(xs[0] * xs[1] * xs[2], axis=tuple(sumdim))
+
+
+@register("mv.default")
+def _mv(sig, a, b):
+    a, b = _mmdt(sig, a, b)
+    return jnp.matmul(a, b, precision=HI)
+
+
+@register("dot.default", "vdot.default")
+def _dot(sig, a, b):
+    a, b = _mmdt(sig, a, b)
+    return jnp.dot(a, b, precision=HI)
+
+
+def _scaled(x, s):
+    if isinstance(s, (int, float)) and s == 1:
+        return x
+    return x * (s.astype(x.dtype) if hasattr(s, "astype") else s)
+
+
+@register("addmm.default", "baddbmm.default", "addmv.default")
+def _add_product(sig, bias, a, b, beta=1, alpha=1):
+    """beta * bias + alpha * (a @ b); with beta == 0 the bias is ignored (NaNs too), as in PyTorch."""
+    bias, a, b = _mmdt(sig, bias, a, b)
+    prod = _scaled(jnp.matmul(a, b, precision=HI), alpha)
+    if isinstance(beta, (int, float)) and beta == 0:
+        return prod
+    return _scaled(bias, beta) + prod
