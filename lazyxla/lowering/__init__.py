@@ -7,19 +7,31 @@ shape rules; ``sig.cdtype``: PyTorch's promoted dtype of the inputs). It returns
 array or a tuple, one per output; results are cast to the output dtypes afterwards.
 Random ops receive the step's seed (int64) as ``__seed__``.
 
-Modules (imports run one way: families -> ``registry``; ``program`` -> ``registry``; this
-file imports them all and defines nothing):
-- ``registry``: LOWERINGS, RANDOM, STATIC_ARGS, ZERO_D_AS_VECTOR, DECOMPOSITIONS (PyTorch's
-  table), ``register``, ``get``, ``is_random``, ``functional_of``.
-- ``program``: ``lower_call``, ``lower_node``, ``build_program`` (handed to ``jax.jit`` by
-  ``executor``) and the lowerings of dispatch's own nodes, ``lower_convert`` and
+Modules. Imports run one way: the families and ``program`` import ``registry`` (several
+families also ``nn_helpers``), never this file, which imports them all and defines nothing
+itself; outside the package, lowering imports only ``lazyxla.ir`` and ``lazyxla.runtime``,
+which never import it.
+- ``registry``: the registries LOWERINGS, RANDOM, STATIC_ARGS, ZERO_D_AS_VECTOR and
+  DECOMPOSITIONS (PyTorch's decomposition table, loaded on import); ``register``, ``get``,
+  ``is_random``, ``functional_of``.
+- ``program``: ``lower_call``, ``lower_node``, ``build_program`` (the function ``executor``
+  hands to ``jax.jit``) and the lowerings of dispatch's own nodes, ``lower_convert`` and
   ``lower_view_scatter``.
-- families, each registering its lowerings on import: ``elementwise``, ``reduce``,
-  ``shape``, ``indexing``, ``factory``, ``random``, ``nn``, ``more``; ``amp`` (the gradient scaler's ops,
-  as decompositions).
+- families, each registering its lowerings on import:
+  ``elementwise`` (unary, binary, comparisons, where/clamp/fill), ``reduce`` (reductions,
+  scans, sort, top-k), ``matmul`` (matrix products), ``shape`` (views, writes through them,
+  cat/stack/flip/pad), ``indexing`` (gather, scatter, index_put, masked_scatter,
+  scatter_reduce), ``factory`` (zeros, full, arange, eye, ...), ``random`` (seeded random
+  ops, dropout); neural-network ops with their backward: ``conv``, ``pooling``,
+  ``resample`` (upsampling), ``softmax``, ``loss``, ``layer_norm``, ``embedding`` (and
+  embedding bags), ``activation``; ``distance`` (cdist, pdist), ``fft`` (real <-> complex);
+  ``amp`` (the gradient scaler's two ops, as decompositions: imported after the table).
+- ``nn_helpers``: helpers the neural-network families share (no lowerings).
 
-The names above from ``registry`` and ``program`` are re-exported here: the rest of lazyxla
-uses ``lowering.X``. May touch: nothing but the registries.
+Public names, re-exported from ``registry`` and ``program`` (the rest of lazyxla uses
+``lowering.X``): LOWERINGS, DECOMPOSITIONS, STATIC_ARGS, RANDOM, ZERO_D_AS_VECTOR,
+register, get, is_random, functional_of, lower_call, lower_node, build_program,
+lower_convert, lower_view_scatter. May touch: nothing but the registries.
 """
 from __future__ import annotations
 
