@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import sys
 import time
 import warnings
 
@@ -643,6 +644,7 @@ def page(classes: dict, verified=None) -> str:
 
 
 def add_arguments(p) -> None:
+    """The ``lazyxla coverage`` subcommand's options (``lazyxla.cli``)."""
     p.add_argument("--verify", action="store_true",
                    help="run every op on its OpInfo samples and compare with eager CPU (slow)")
     p.add_argument("--markdown", metavar="FILE", help="also write the page (docs/coverage.md) to FILE")
@@ -650,7 +652,6 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     """The ``lazyxla coverage`` subcommand: the table and the totals on stdout."""
-    import sys
     classes = classification()
     verified = None
     if getattr(args, "verify", False):
@@ -664,14 +665,3 @@ def run(args) -> int:
         with open(args.markdown, "w") as f:
             f.write(page(classes, verified))
     return 0
-
-
-def main(argv=None) -> int:
-    import argparse
-    p = argparse.ArgumentParser(prog="python -m lazyxla.coverage", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

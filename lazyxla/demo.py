@@ -16,7 +16,7 @@ test batch to the batch size and masks it, so evaluation compiles one program.
 first epoch to the end of training (evaluation's own program is not training's and is
 reported separately as ``eval_uncached_compiles``).
 
-It ends by writing the fold page of its run (``lazyxla.fold_page``: every compiled key, its
+It ends by writing the fold page of its run (``lazyxla.debug.fold_page``: every compiled key, its
 uses and cost, folded in R3's order, and why each recompile happened) and prints its path:
 ``fold_path``, by default ``lazyxla-demo-fold.html`` in the temporary directory.
 
@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 import lazyxla
 import lazyxla.debug.metrics as met
+from lazyxla.debug import explain, fold_page
 
 SPLIT_SEED = 0
 TEST_FRACTION = 0.1  # 1617 training images (25 steps of 64), 180 test images
@@ -162,7 +163,6 @@ def run(epochs: int = 4, batch_size: int = 64, quiet: bool = False, fold_path: s
               f"at the end of epoch 1, {u_train - u0} at the end of training "
               f"(+{compiles_after_first}).")
     print(f"total time {seconds:.1f} s")
-    from . import explain, fold_page
     fold_path = fold_path or os.path.join(tempfile.gettempdir(), "lazyxla-demo-fold.html")
     fold_page.write(fold_path, explain.export())
     print(f"fold page: {os.path.abspath(fold_path)}")

@@ -1,4 +1,4 @@
-"""R15.3: the fold page (lazyxla/fold_page.py) and ``lazyxla explain SCRIPT [ARGS...] -o PAGE``.
+"""R15.3: the fold page (lazyxla/debug/fold_page.py) and ``lazyxla explain SCRIPT [ARGS...] -o PAGE``.
 
 The page is self-contained and lists every key; the command writes it for a script that
 recompiles (exit 0), for one that raises (the page for what ran first, exit 1), passes a
@@ -24,7 +24,8 @@ import time
 
 import pytest
 
-from lazyxla import cli, fold_page
+from lazyxla import cli
+from lazyxla.debug import fold_page
 
 SITES = ["force_ltc_data", "environment", "tensors", "parameters", "donation", "sharding"]
 

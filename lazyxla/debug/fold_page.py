@@ -1,7 +1,7 @@
 """The fold page (R15.3): one self-contained HTML file that folds real cache keys term by term.
 
-``render(data)`` turns ``lazyxla.explain.export()`` into one HTML page with inline CSS, vanilla
-JavaScript and the data embedded as JSON (no network needed to open it). The page lists every
+``render(data)`` turns ``lazyxla.debug.explain.export()`` into one HTML page with inline CSS,
+vanilla JavaScript and the data embedded as JSON (no network needed to open it). The page lists every
 key the run compiled (uses, compile cost, cause, the recompile record behind it); folds one key
 in R3's order (force_ltc_data, environment and revisions, each tensor's root hash, parameter
 sequence, donated indices, auto-sharding flag with ``XLA_AUTO_SPMD_MESH``), each ingredient with
@@ -11,26 +11,24 @@ digest diverges. A tensor merge opens into the IR diff of the two roots with the
 each recompile record's "compare" button picks (closest earlier key, new key) in one click.
 ``write(path, data)`` writes the page (atomically) and returns its path.
 
-It is also the ``lazyxla explain SCRIPT [ARGS...] -o fold.html`` command (``explain_arguments``,
-``explain_command``): the script runs in this process under runpy as ``__main__`` with
-``sys.argv = [SCRIPT, *ARGS]``; whatever it compiled before it ended (or raised) goes on the page,
-and the command exits with the script's exit code (1 for an uncaught exception). ``-o`` goes
-before SCRIPT, or last; a nonexistent script is a one-line error and exit code 2.
+The ``lazyxla explain SCRIPT [ARGS...] -o fold.html`` command (``lazyxla.cli.explain``) runs a
+script and writes its page with ``write``.
 
 Stable hooks for tests: ``tr.key-row[data-hash]``, ``button.pick-a`` / ``button.pick-b``,
 ``li.record[data-index]`` with ``button.compare``, ``#btn-step`` / ``#btn-play`` / ``#btn-reset``,
 ``tr.cmp-row[data-row][data-site]`` with classes ``pending``/``shown``, ``same``/``diverged`` and
 ``first-divergence``, ``#compare-view[data-step][data-total][data-done]``, ``div.ir-diff``.
-Touches nothing but the file it writes (and, as a command, what the user's script does).
+Touches nothing but the file it writes (and its temp file, ``lazyxla.files``).
 """
 from __future__ import annotations
 
 import html
 import json
 import os
-import tempfile
 
-__all__ = ["render", "write", "explain_arguments", "explain_command"]
+from ..files import write_atomic
+
+__all__ = ["render", "write"]
 
 
 def _json_for_script(data) -> str:
@@ -41,7 +39,7 @@ def _json_for_script(data) -> str:
 
 
 def render(data: dict) -> str:
-    """One self-contained HTML page for ``lazyxla.explain.export()`` data (optionally with a
+    """One self-contained HTML page for ``lazyxla.debug.explain.export()`` data (optionally with a
     ``meta`` dict: ``script``, ``argv``, ``exit_code``)."""
     meta = data.get("meta") or {}
     title = "lazyxla fold page"
@@ -54,121 +52,10 @@ def render(data: dict) -> str:
 
 
 def write(path, data: dict) -> str:
-    """Render ``data`` and write it to ``path`` (atomically); return the path."""
+    """Render ``data`` and write it to ``path`` (atomically, mode 0644); return the path."""
     path = os.fspath(path)
-    text = render(data)
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".fold-", suffix=".html", dir=d)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(path, render(data).encode("utf-8"), mode=0o644, fsync=False)
     return path
-
-
-# ---------------------------------------------------------------------------------------
-# lazyxla explain SCRIPT [ARGS...] -o fold.html
-def explain_arguments(p) -> None:
-    import argparse
-    p.usage = "lazyxla explain [-o PAGE] SCRIPT [ARGS...] [-o PAGE]"
-    p.add_argument("-o", "--output", default=None, metavar="PAGE",
-                   help="where to write the page (default fold.html); before SCRIPT, or as the last two "
-                        "arguments")
-    p.add_argument("script", metavar="SCRIPT", help="the Python script to run")
-    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")
-
-
-def _split_trailing_output(args):
-    """``[..., "-o", PAGE]`` (or ``--output PAGE``, ``-oPAGE``, ``--output=PAGE``) at the end of
-    the script's arguments belongs to lazyxla explain: (script args, PAGE or None)."""
-    rest = list(args)
-    if len(rest) >= 2 and rest[-2] in ("-o", "--output"):
-        return rest[:-2], rest[-1]
-    if rest and rest[-1].startswith("--output="):
-        return rest[:-1], rest[-1][len("--output="):]
-    if rest and rest[-1].startswith("-o") and len(rest[-1]) > 2 and not rest[-1].startswith("--"):
-        return rest[:-1], rest[-1][2:]
-    return rest, None
-
-
-def _run_script(script, argv) -> int:
-    """Run ``script`` as ``__main__`` like ``python SCRIPT ARGS``; return its exit code, with the
-    traceback printed the way Python prints it for an uncaught exception."""
-    import runpy
-    import sys
-    import traceback
-
-    script_abs = os.path.abspath(script)
-    old_argv, old_path0 = sys.argv, (sys.path[0] if sys.path else None)
-    sys.argv = [script, *argv]
-    here = script_abs if os.path.isdir(script_abs) else os.path.dirname(script_abs)
-    if sys.path:
-        sys.path[0] = here
-    else:
-        sys.path.insert(0, here)
-    try:
-        runpy.run_path(script, run_name="__main__")
-        return 0
-    except SystemExit as e:
-        code = e.code
-        if code is None:
-            return 0
-        if isinstance(code, int):
-            return code
-        print(code, file=sys.stderr)
-        return 1
-    except BaseException as e:  # noqa: BLE001 - the script's own error, reported like Python does
-        tb = e.__traceback__
-        t = tb
-        while t is not None and os.path.abspath(t.tb_frame.f_code.co_filename) != script_abs:
-            t = t.tb_next
-        sys.stdout.flush()
-        traceback.print_exception(type(e), e, t if t is not None else tb, file=sys.stderr)
-        return 130 if isinstance(e, KeyboardInterrupt) else 1
-    finally:
-        sys.argv = old_argv
-        if old_path0 is not None and sys.path:
-            sys.path[0] = old_path0
-
-
-def explain_command(args) -> int:
-    import sys
-
-    # -o before SCRIPT leaves every later argument to the script; otherwise a trailing -o is ours
-    script_args, trailing = (list(args.args), None) if args.output else _split_trailing_output(args.args)
-    out = trailing if trailing is not None else (args.output or "fold.html")
-    if not os.path.exists(args.script):
-        print(f"lazyxla explain: error: no such script: {args.script}", file=sys.stderr)
-        return 2
-    out_dir = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(out_dir):
-        print(f"lazyxla explain: error: no such directory for the page: {out_dir}", file=sys.stderr)
-        return 2
-    from . import explain  # registers the compile observer before the script compiles anything
-
-    code = _run_script(args.script, script_args)
-    try:
-        sys.stdout.flush()
-    except Exception:  # noqa: BLE001
-        pass
-    data = explain.export()
-    data["meta"] = {"script": args.script, "argv": script_args, "exit_code": code}
-    try:
-        write(out, data)
-    except OSError as e:
-        print(f"lazyxla explain: error: cannot write {out}: {e}", file=sys.stderr)
-        return code or 2
-    n_rec = sum(1 for r in data["records"] if r.get("closest"))
-    print(f"lazyxla explain: fold page: {os.path.abspath(out)} ({len(data['keys'])} keys, "
-          f"{n_rec} recompiles explained)", file=sys.stderr)
-    return code
 
 
 # ---------------------------------------------------------------------------------------

@@ -2,14 +2,21 @@
 
 Subcommands live in ``SUBCOMMANDS``, a dict of name -> ``(add_arguments, handler, help)``:
 ``add_arguments(parser)`` declares the subcommand's options, ``handler(args)`` runs it and
-returns an exit code (``None`` means 0), ``help`` is its one-line description. To add one
-(``explain``, ``cache``, ...), write the two functions and add an entry; ``main`` needs no
-change. Handlers import what they need, so ``--help`` stays fast.
+returns an exit code (``None`` means 0), ``help`` is its one-line description. To add one,
+write the two functions (a module of this package, or the module whose job the command is,
+as ``lazyxla.coverage``) and add an entry; ``main`` needs no change. Here: ``demo``
+(``lazyxla.demo``), ``explain`` (``cli.explain``), ``cache`` (``cli.cache``) and ``coverage``
+(``lazyxla.coverage``). Importing this package imports lazyxla (torch and JAX) anyway, so the
+subcommands' modules are imported up front.
+
+May touch: whatever the chosen subcommand touches; nothing itself.
 """
 from __future__ import annotations
 
 import argparse
-import sys
+
+from .. import coverage, demo
+from . import cache, explain
 
 
 # ---------------------------------------------------------------------------------------
@@ -21,32 +28,18 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from . import demo
     demo.run(epochs=args.epochs, batch_size=args.batch_size, quiet=args.quiet)
     return 0
-
-
-def _from(module: str, name: str):
-    """A function that imports ``lazyxla.<module>`` only when called (keeps --help fast)."""
-    def call(arg):
-        import importlib
-        return getattr(importlib.import_module(f"lazyxla.{module}"), name)(arg)
-    return call
-
-
-def _coverage_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--verify", action="store_true", help="run each op on its OpInfo samples against eager CPU (slow)")
-    p.add_argument("--markdown", metavar="FILE", help="also write the table to FILE")
 
 
 SUBCOMMANDS = {
     "demo": (_demo_arguments, _demo,
              "train a small CNN on scikit-learn's digits and report the compilation counts"),
-    "explain": (_from("fold_page", "explain_arguments"), _from("fold_page", "explain_command"),
+    "explain": (explain.add_arguments, explain.run,
                 "run SCRIPT [ARGS...] and write its fold page (-o PAGE): every compiled key, folded in R3's order"),
-    "cache": (_from("persistent_cache", "cli_arguments"), _from("persistent_cache", "cli"),
+    "cache": (cache.add_arguments, cache.run,
               "list (ls), summarize (stats) or empty (clear) a persistent compilation cache"),
-    "coverage": (_coverage_arguments, _from("coverage", "run"),
+    "coverage": (coverage.add_arguments, coverage.run,
                  "list PyTorch's core ATen ops: lowered, composite, decomposed or CPU fallback"),
 }
 
@@ -69,7 +62,3 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     code = args._handler(args)
     return 0 if code is None else int(code)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
