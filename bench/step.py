@@ -83,7 +83,7 @@ def bench_lazyxla(n):
 
 
 def bench_lazyxla_explaining(n):
-    from lazyxla import explain
+    from lazyxla.debug import explain
     old = explain.EXPLAIN
     explain.EXPLAIN = True  # what LAZYXLA_EXPLAIN_RECOMPILES=1 sets at import
     try:

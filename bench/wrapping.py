@@ -15,7 +15,7 @@ import textwrap
 
 CHILD = """
 import time, torch, jax, lazyxla
-from lazyxla import executor
+from lazyxla import execution, executor
 from lazyxla.cache import computation_cache
 d = lazyxla.device()
 ts = [torch.full((4,), float(i)).to(d) for i in range({n})]
@@ -23,11 +23,11 @@ total = ts[0] * 1
 for t in ts[1:]:
     total = total + t
 cap = {{}}
-orig = executor._execute
-def spy(prog, graph):
-    cap["args"] = [executor.resolve(p.data) for p in graph.params]
-    return orig(prog, graph)
-executor._execute = spy
+orig = execution.run
+def spy(executable, inputs, n_outputs, key_hex):
+    cap["args"] = [execution.resolve(d) for d in inputs]
+    return orig(executable, inputs, n_outputs, key_hex)
+executor.run = spy
 lazyxla.sync()
 prog = computation_cache().values()[-1]
 hlo = prog.executable.as_text()

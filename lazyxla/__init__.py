@@ -2,24 +2,32 @@
 
 Ordinary PyTorch on ``lazyxla.device()`` records pending IR; ``lazyxla.sync()`` or a value
 read turns it into one XLA program, found in a compilation cache by its graph hash or
-compiled and cached, then run. This module is the public API; it holds no state.
+compiled and cached, then run. This module is the public API and the one place where the
+parts are wired together: PyTorch's kernels for the device and the autocast policy are
+registered, and the diagnostics subscribe to the executor's events. It holds no state.
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from . import autocast as _autocast
+from . import debug
+from . import executor as _executor
+from . import kernels as _kernels
+from . import rng as _rng
+from . import storage as _storage
+from . import metrics as _metrics
+from .config import __version__
+from .device import device
+from .execution import ExecutionError
+from .signature import LazyXlaError
+from .tensor import LazyTensor
 
-from . import runtime as _runtime  # noqa: F401  (JAX config first: 64-bit mode)
-from .tensor import LazyTensor, device  # noqa: E402
-from . import executor as _executor  # noqa: E402
-from . import rng as _rng  # noqa: E402
-from .dispatch import LazyXlaError  # noqa: E402
-from .executor import ExecutionError  # noqa: E402
-from . import autocast as _autocast  # noqa: E402,F401
-from . import explain as _explain  # noqa: E402,F401  (registers the recompile observer)
-from . import debug_report as _debug_report  # noqa: E402,F401  (PT_XLA_DEBUG_LEVEL output)
+_kernels.register()
+_autocast.register()
+debug.install()
 
-__all__ = ["device", "sync", "wait_device_ops", "manual_seed", "dump_hlo", "graph_hash",
-           "LazyTensor", "LazyXlaError", "ExecutionError", "__version__"]
+__all__ = ["device", "sync", "mark_step", "wait_device_ops", "manual_seed", "dump_hlo", "graph_hash",
+           "set_buffer_donation", "get_buffer_donation", "LazyTensor", "LazyXlaError", "ExecutionError",
+           "debug", "__version__"]
 
 
 def sync(wait: bool = False) -> None:
@@ -40,18 +48,20 @@ def manual_seed(seed: int) -> None:
     _rng.manual_seed(seed)
 
 
-def dump_hlo(tensors) -> str:
-    """The XLA program text for the tensors' pending IR; compiles and counts nothing."""
+def _states(tensors):
     if not isinstance(tensors, (list, tuple)):
         tensors = [tensors]
-    return _executor.dump_hlo(tensors)
+    return [t._state for t in tensors]
+
+
+def dump_hlo(tensors) -> str:
+    """The XLA program text for the tensors' pending IR; compiles and counts nothing."""
+    return _executor.dump_hlo(_states(tensors))
 
 
 def graph_hash(tensors) -> str:
     """The graph hash (hex) that a sync of these tensors' pending IR would look up."""
-    if not isinstance(tensors, (list, tuple)):
-        tensors = [tensors]
-    return _executor.graph_key(tensors).hex
+    return _executor.graph_key(_states(tensors)).hex
 
 
 def set_buffer_donation(tensor, should_donate: bool) -> bool:
@@ -61,14 +71,11 @@ def set_buffer_donation(tensor, should_donate: bool) -> bool:
     gone after that program runs; reading the tensor then raises, unless the program
     also gave the tensor a new value.
     """
-    from . import metrics
-    st = tensor._st
-    if st.data is None:
+    if not _storage.set_donation(tensor._state, should_donate):
         return False
-    st.donate = bool(should_donate)
-    metrics.counter_inc("XlaSetBufferDonation")
+    _metrics.counter_inc("XlaSetBufferDonation")
     return True
 
 
 def get_buffer_donation(tensor) -> bool:
-    return bool(tensor._st.donate)
+    return bool(tensor._state.storage.donate)

@@ -3,7 +3,8 @@
 PyTorch's Autocast keys need kernels from each backend. These register, for the
 PrivateUse1 autocast key, CUDA's policy: matrix products and convolutions run in the
 autocast dtype; numerically touchy ops (softmax, norms, losses, exp/log) run in float32;
-every other op falls through unchanged. Touches only PyTorch's dispatcher registrations.
+every other op falls through unchanged. ``register()`` (called once by ``import lazyxla``)
+registers them. Touches only PyTorch's dispatcher registrations.
 """
 from __future__ import annotations
 
@@ -50,14 +51,21 @@ def _kernel(op, policy):
     return kernel
 
 
-_lib = torch.library.Library("aten", "IMPL")
-for _policy, _names in (("lower", LOWER), ("fp32", FP32)):
-    for _name in _names:
-        _n, _, _o = _name.partition(".")
-        _packet = getattr(aten, _n, None)
-        _op = getattr(_packet, _o, None) if _packet is not None else None
-        if _op is not None:
-            _lib.impl(_n if _o == "default" else _name, _kernel(_op, _policy), _KEY)
+_LIBRARIES: list = []  # PyTorch keeps a registration while its Library object lives
 
-_fall = torch.library.Library("_", "IMPL")
-_fall.fallback(torch.library.fallthrough_kernel, _KEY)
+
+def register() -> None:
+    """Register the policy's kernels (once per process)."""
+    if _LIBRARIES:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    for policy, names in (("lower", LOWER), ("fp32", FP32)):
+        for name in names:
+            n, _, o = name.partition(".")
+            packet = getattr(aten, n, None)
+            op = getattr(packet, o, None) if packet is not None else None
+            if op is not None:
+                lib.impl(n if o == "default" else name, _kernel(op, policy), _KEY)
+    fall = torch.library.Library("_", "IMPL")
+    fall.fallback(torch.library.fallthrough_kernel, _KEY)
+    _LIBRARIES.extend((lib, fall))

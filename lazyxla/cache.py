@@ -5,9 +5,10 @@ made; the least recently used entry is evicted on overflow. Touches nothing else
 """
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
+from .config import env_int
 
 
 @dataclass
@@ -64,5 +65,5 @@ _CACHE = None
 def computation_cache() -> LRUCache:
     global _CACHE
     if _CACHE is None:
-        _CACHE = LRUCache(int(os.environ.get("XLA_COMPILATION_CACHE_SIZE", "2048")))
+        _CACHE = LRUCache(env_int("XLA_COMPILATION_CACHE_SIZE", 2048))
     return _CACHE

@@ -1,22 +1,23 @@
 """The metrics arena: counters, sampled metrics and torch_xla-style reports.
 
-It keeps its own state and touches nothing else (no torch, no jax, no other lazyxla module), so
+It keeps its own state and touches nothing else (no torch, no jax; of lazyxla only its settings), so
 every part of lazyxla can record into it cheaply. The public face is `lazyxla.debug.metrics`.
 """
 
 import collections
 import contextlib
 import math
-import os
 import threading
 import time
+
+from .config import env_int, env_str
 
 # Counters: name -> int. The hot path is a single dict update. Under CPython's GIL
 # `d[k] = d.get(k, 0) + n` can only lose an increment if a thread switch lands between the get
 # and the store; we accept that for speed (counters are diagnostics, not accounting).
 COUNTERS = {}
 
-MAX_SAMPLES = int(os.environ.get("XLA_METRICS_SAMPLES", "1024"))
+MAX_SAMPLES = env_int("XLA_METRICS_SAMPLES", 1024)
 
 
 def _read_percentiles(text):
@@ -28,7 +29,7 @@ def _read_percentiles(text):
 
 
 PERCENTILES = _read_percentiles(
-    os.environ.get("XLA_METRICS_PERCENTILES", "0.01:0.05:0.1:0.2:0.5:0.8:0.9:0.95:0.99"))
+    env_str("XLA_METRICS_PERCENTILES", "0.01:0.05:0.1:0.2:0.5:0.8:0.9:0.95:0.99"))
 
 SHORT_COUNTERS = ["CachedCompile", "MarkStep", "DynamoSyncInputExecuteTime"]
 SHORT_METRICS = ["CompileTime", "ExecuteTime", "ExecuteReplicatedTime",
@@ -101,9 +102,10 @@ def pending_samples(name, kind):
     return entry[1]
 
 
-def flush_pending():
+def flush_pending(at_least: int = 1):
+    """Move pending samples into their metrics (for each metric with ``at_least`` of them)."""
     for name, (kind, values) in list(_PENDING.items()):
-        if values:
+        if len(values) >= at_least:
             batch = values[:]
             del values[:len(batch)]
             metric_add_many(name, batch, kind)

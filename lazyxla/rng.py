@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .ir import Node, OpSig, Slot, TensorMeta, data_leaf
+from .xla import scalar_array
 
 DEFAULT_SEED = 101
 _M64 = (1 << 64) - 1
@@ -35,7 +36,6 @@ def next_seed():
     """The IR value of a fresh seed for one random op."""
     global _seed_ir
     if _seed_ir is None:
-        from .runtime import scalar_array
         _seed_ir = (data_leaf(scalar_array(_as_int64(_seed), torch.int64), _META), 0)
     _seed_ir = (Node(_NEXT, (_seed_ir,)), 0)
     return _seed_ir

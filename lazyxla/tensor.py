@@ -1,167 +1,71 @@
-"""Lazy tensors, their storages, and the arena of live tensors.
+"""Lazy tensors: the torch-facing face, and the warm path from a torch op to an IR node.
 
 A ``LazyTensor`` is a ``torch.Tensor`` wrapper subclass on the ``lazyxla`` device (PyTorch's
-PrivateUse1 backend, renamed). It holds no numbers. Its value lives in a ``Storage``,
-shared by a tensor and every view or alias of it (``.data``, ``detach()``, slices):
+PrivateUse1 backend, renamed). It holds no numbers: its value is its ``_state`` (a
+``storage.TensorState``: storage, view chain, meta, id). Every ATen call that involves a
+lazy tensor reaches ``__torch_dispatch__`` and so ``dispatch``:
 
-- ``storage.ir`` is the current value as an IR value ``(node, index)``: either pending IR,
-  or a device-data leaf whose node holds a ``jax.Array`` (then ``storage.data`` is that array);
-- a view tensor keeps the chain of view signatures from its storage's value and rebuilds its
-  own IR from the storage when the storage's ``version`` has moved on.
+1. an op with handling of its own goes to ``ops`` (aliases, reads, copies, resizes, ...);
+2. otherwise the call's signature key is built from the op, each tensor's interned meta and
+   each non-tensor argument (a Python scalar that is an op value enters only by kind, unless
+   it is 0, 1 or -1: R1.5), collecting the operands on the way; the key finds the
+   ``signature.Entry`` (made once per key by ``signature.new_entry``, the cold path);
+3. by the op's schema: a functional op gets new storages for its outputs; a view op's
+   outputs share the input's storage and extend its view chain; an in-place op writes the
+   new value into its target's storage (through a view: scattered back into the storage);
+   an op without a lowering decomposes or runs on the CPU (``ops``).
 
-The arena (R0 "live tensors") maps each tensor's unique id, from a counter starting at 1, to
-a weak reference, in creation order; a sync walks it.
-
-May touch: metrics counters. Knows nothing about ops, lowering or execution.
+Reading a value (``repr``, ``.item()``, ``.cpu()``, ...) is one ``executor.read_values``.
+May touch: lazy tensors and their states, the RNG chain, the tracing metrics.
 """
 from __future__ import annotations
 
-import itertools
-import os
-import weakref
+import copy
+import warnings
 
 import torch
-import torch.utils.backend_registration as _br
 
-from . import metrics
-from .ir import TensorMeta, data_leaf
+from . import metrics, rng
+from .device import DEVICE
+from .executor import read_values
+from .ir import Node, TensorMeta, fmt_where, user_frame
+from .ops import Record, become, decompose, fallback, special_for
+from .signature import SCALAR_TYPES, LazyXlaError, is_special, new_entry, op_info
+from .storage import TensorState, Storage, converted, scalar_value, upload
 
-BACKEND = "lazyxla"
-
-
-class _DeviceModule:
-    """``torch.lazyxla``: what PyTorch asks of a backend (AMP dtypes, seeds, counts)."""
-
-    @staticmethod
-    def is_available():
-        return True
-
-    @staticmethod
-    def is_initialized():
-        return True
-
-    @staticmethod
-    def device_count():
-        return 1
-
-    @staticmethod
-    def current_device():
-        return 0
-
-    @staticmethod
-    def _is_in_bad_fork():
-        return False
-
-    @staticmethod
-    def get_amp_supported_dtype():
-        return [torch.bfloat16, torch.float16]
-
-    @staticmethod
-    def is_bf16_supported():
-        return True
-
-    @staticmethod
-    def manual_seed(seed):
-        from . import rng
-        rng.manual_seed(seed)
-
-    manual_seed_all = manual_seed
-
-    @staticmethod
-    def synchronize(device=None):
-        from .executor import wait_device_ops
-        wait_device_ops()
-
-
-def _register_backend():
-    if torch._C._get_privateuse1_backend_name() != BACKEND:
-        _br._setup_privateuseone_for_python_backend(rename=BACKEND, backend_module=_DeviceModule())
-
-
-_register_backend()
-DEVICE = torch.device(BACKEND, 0)
-
-
-class Storage:
-    """The value shared by a tensor and all its aliases."""
-
-    __slots__ = ("ir", "data", "version", "meta", "donate", "__weakref__")
-
-    def __init__(self, ir, meta, data=None):
-        self.ir = ir
-        self.data = data
-        self.meta = meta
-        self.version = 0
-        self.donate = False
-
-    @staticmethod
-    def of_data(array, meta):
-        st = Storage(None, meta, array)
-        st.ir = (data_leaf(array, meta, _weakref(st)), 0)
-        return st
-
-    def set_ir(self, value):
-        self.ir = value
-        self.data = None
-        self.version += 1
-
-    def set_data(self, array):
-        self.ir = (data_leaf(array, self.meta, _weakref(self)), 0)
-        self.data = array
-        self.version += 1
-        self.donate = False  # a user's donation mark belongs to the old buffer
-
-
-_weakref = weakref.ref
-_ids = itertools.count(1)
-# The arena: weak references to live tensors, in creation order (a dict keeps insertion order;
-# a weak reference hashes as its tensor did, so a dead one still finds its entry).
-LIVE: dict = {}
-_counters = metrics.COUNTERS
-
-
-def _forget(ref):
-    LIVE.pop(ref, None)
-    _counters["DestroyXlaTensor"] = _counters.get("DestroyXlaTensor", 0) + 1
-
-
+aten = torch.ops.aten
+_now = metrics.now_ns
+_COUNTERS = metrics.COUNTERS
+TRACE_NS = metrics.pending_samples("LazyTracing", "time")  # per-op tracing time
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
 class LazyTensor(torch.Tensor):
     """A tensor on the lazy XLA device; see the module docstring."""
 
-    __slots__ = ("_st", "_chain", "_ir", "_sv", "_meta", "_uid")
+    __slots__ = ("_state",)
 
     @staticmethod
-    def __new__(cls, storage: Storage, meta: TensorMeta, chain=None, requires_grad=False):
-        t = _make_wrapper(cls, meta.shape, strides=meta.stride, dtype=meta.dtype, device=DEVICE,
+    def __new__(cls, state: TensorState, requires_grad=False):
+        m = state.meta
+        t = _make_wrapper(cls, m.shape, strides=m.stride, dtype=m.dtype, device=DEVICE,
                           requires_grad=requires_grad)
-        t._st = storage
-        t._chain = chain
-        t._ir = None
-        t._sv = -1
-        t._meta = meta
-        t._uid = next(_ids)
-        LIVE[_weakref(t, _forget)] = None
-        _counters["CreateXlaTensor"] = _counters.get("CreateXlaTensor", 0) + 1
+        t._state = state
         return t
 
     def __init__(self, *a, **k):
         pass
 
     __torch_function__ = torch._C._disabled_torch_function_impl
-    __hash__ = object.__hash__  # by identity, as torch.Tensor's, without a Python call (the arena hashes each)
+    __hash__ = object.__hash__  # by identity, as torch.Tensor's, without a Python call
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _dispatch(func, args, kwargs)
+        return dispatch(func, args, kwargs)
 
     # -- values read on the host (R5); each is one value read -------------------------------
     def __repr__(self, *, tensor_contents=None):
-        from .executor import read_values
-        host = read_values([self])[0]
-        body = repr(host)
+        body = repr(read_values([self._state])[0])
         if body.endswith(")"):
             body = body[:-1] + f", device='{self.device}')"
         return body
@@ -169,10 +73,7 @@ class LazyTensor(torch.Tensor):
     @property
     def data(self):
         """An alias sharing this tensor's value, outside autograd (as ``Tensor.data``)."""
-        t = LazyTensor(self._st, self._meta, self._chain)
-        if self._chain:
-            t._ir, t._sv = self._ir, self._sv
-        return t
+        return LazyTensor(self._state.alias())
 
     @data.setter
     def data(self, new):
@@ -200,90 +101,187 @@ class LazyTensor(torch.Tensor):
         return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
                 (host, self.dtype, str(self.device), self.requires_grad))
 
-
-def _deepcopy(self, memo):
-    """copy.deepcopy: a recorded clone (new storage), with the tensor's Python attributes."""
-    import copy
-    if id(self) in memo:
-        return memo[id(self)]
-    with torch.no_grad():
-        r = self.clone()
-    r.requires_grad_(self.requires_grad)
-    for k, v in getattr(self, "__dict__", {}).items():
-        setattr(r, k, copy.deepcopy(v, memo))
-    memo[id(self)] = r
-    return r
-
-
-LazyTensor.__deepcopy__ = _deepcopy
-
-
-# PyTorch's C++ ``Tensor.data`` setter: a shallow copy of sizes, strides and dtype between two
-# lazy tensors (it keeps the target's autograd identity and version counter).
-_set_metadata = torch._C.TensorBase.data.__set__
-
-
-def become(t: LazyTensor, new: LazyTensor):
-    """``t`` takes ``new``'s shape, strides, dtype and value in place, as an alias of its
-    storage (``.data = ``, ``set_``, ``resize_``, ``t_``, ``unsqueeze_`` ...)."""
-    _set_metadata(t, new)
-    t._st, t._chain, t._ir, t._sv, t._meta = new._st, new._chain, new._ir, new._sv, new._meta
-
-
-def value_of(t: LazyTensor):
-    """The tensor's current IR value, rebuilding a view's IR if its storage moved on."""
-    st = t._st
-    chain = t._chain
-    if chain is None:
-        return st.ir
-    if t._sv != st.version:
-        from .dispatch import replay_chain
-        t._ir = replay_chain(st.ir, chain)
-        t._sv = st.version
-    return t._ir
+    def __deepcopy__(self, memo):
+        """copy.deepcopy: a recorded clone (new storage), with the tensor's Python attributes."""
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            r = self.clone()
+        r.requires_grad_(self.requires_grad)
+        for k, v in getattr(self, "__dict__", {}).items():
+            setattr(r, k, copy.deepcopy(v, memo))
+        memo[id(self)] = r
+        return r
 
 
 def to_device(host: torch.Tensor) -> LazyTensor:
     """Upload a CPU tensor: device data at once, no IR (TransferToDeviceTime)."""
-    from .runtime import upload
-    host = host.detach()
-    meta = TensorMeta(host.shape, host.dtype)
-    array = upload(host)
-    return LazyTensor(Storage.of_data(array, meta), meta)
+    return LazyTensor(upload(host))
 
 
-def live_tensors():
-    """Live lazy tensors in creation order."""
-    out = []
-    for ref in list(LIVE):
-        t = ref()
-        if t is not None:
-            out.append(t)
+def wrap(x):
+    """A special op's answer as PyTorch wants it: each TensorState becomes a new LazyTensor."""
+    t = type(x)
+    if t is TensorState:
+        return LazyTensor(x)
+    if t is list or t is tuple:
+        return t(wrap(y) for y in x)
+    return x
+
+
+# ---------------------------------------------------------------------------------------
+# The warm path.
+_ROUTES: dict = {}  # op -> (its schema facts, its handling of its own or None)
+
+
+def _route(func):
+    i = op_info(func)
+    r = _ROUTES[func] = (i, special_for(func, i))
+    return r
+
+
+def dispatch(func, args, kwargs):
+    t0 = _now()
+    r = _ROUTES.get(func)
+    if r is None:
+        r = _route(func)
+    info, special = r
+    if special is not None:
+        out = special(func, info, args, kwargs or {})
+        if type(out) is Record:
+            return _record(func, info, wrap(out.args), out.kwargs)
+        return wrap(out)
+    return _record(func, info, args, kwargs, t0)
+
+
+_SIGS: dict = {}  # signature key -> signature.Entry
+
+
+def _record(func, info, args, kwargs, t0=None):
+    """Record one call as an IR node (or decompose it / fall back to the CPU)."""
+    if t0 is None:
+        t0 = _now()
+    ops = []
+    key = _key_of(func, info, args, kwargs, ops)
+    entry = _SIGS.get(key)
+    if entry is None:
+        entry = _SIGS[key] = new_entry(func, info, args, kwargs, user_frame(3))
+    mode = entry.mode
+    if mode != "node":
+        if mode == "const":
+            return entry.const
+        if mode == "decomp":
+            return wrap(decompose(func, info, args, kwargs))
+        if mode == "implicit":
+            return func.decompose(*args, **(kwargs or {}))
+        return wrap(fallback(func, info, args, kwargs))
+    c = info.counter
+    _COUNTERS[c] = _COUNTERS.get(c, 0) + 1
+    sig = entry.sig
+    sdt = entry.scalar_dtypes  # operand index -> dtype of each Python scalar operand
+    if sdt:
+        vals = tuple([v if type(v) is tuple else scalar_value(v, sdt[i]) for i, v in enumerate(ops)])
+    else:
+        vals = tuple(ops)
+    if info.random:
+        vals += (rng.next_seed(),)
+    node = Node(sig, vals, user_frame(3))
+    kind = info.kind
+    if kind == "functional":
+        if entry.returns == "one":
+            m = sig.outs[0]
+            out = LazyTensor(TensorState(Storage((node, 0), m), m))
+        else:
+            out = _as_returned([LazyTensor(TensorState(Storage((node, i), m), m)) for i, m in enumerate(sig.outs)],
+                               entry.returns)
+        if entry.pattern is not None:
+            it = iter(out)
+            out = tuple(next(it) if p else None for p in entry.pattern)
+    elif kind == "inplace":
+        out = args[0]
+        out._state.write((node, 0))
+    elif kind == "view":
+        out = _as_returned([LazyTensor(s) for s in args[0]._state.view(node, sig)], entry.returns)
+    elif kind == "out":
+        out = _write_out(node, sig, info, kwargs)
+    else:
+        raise LazyXlaError(f"{info.name}: mutating op without a lowering at {fmt_where(node.where)}")
+    TRACE_NS.append(_now() - t0)
     return out
 
 
-def device(index: int = 0) -> torch.device:
-    """The lazy XLA device (torch_xla's ``torch_xla.device()``)."""
-    if index != 0:
-        raise ValueError(f"lazyxla has one logical device, lazyxla:0; asked for index {index}")
-    backward_in_calling_thread()
-    return DEVICE
+def _as_returned(tensors, returns):
+    if returns == "one":
+        return tensors[0]
+    return tensors if returns == "list" else tuple(tensors)
 
 
-# PyTorch's autograd engine runs the backward of a non-CPU device on a thread of its own; for
-# lazy tensors that only records IR, the hand-off costs more than the recording (two thread
-# wake-ups per backward on a busy machine). Turned off for the thread that imports lazyxla or
-# asks for its device (the setting is thread-local in PyTorch); LAZYXLA_AUTOGRAD_DEVICE_THREAD=1
-# keeps PyTorch's default.
-AUTOGRAD_DEVICE_THREAD = os.environ.get("LAZYXLA_AUTOGRAD_DEVICE_THREAD", "0") not in ("", "0", "false", "False")
+def _key_of(func, info, args, kwargs, ops):
+    """Builds the signature key; appends the operands to ``ops``: a tensor's IR value, or a
+    Python scalar that is an op value."""
+    key = [func]
+    vp = info.value_pos
+    for i, a in enumerate(args):
+        if type(a) is LazyTensor:  # the common case, inline
+            s = a._state
+            ops.append(s.storage.ir if s.chain is None else s.value())
+            key.append(s.meta)
+        else:
+            key.append(_key_item(a, i in vp, ops, info))
+    if kwargs:
+        vk = info.value_kw
+        for k, a in kwargs.items():
+            key.append(k)
+            key.append(_key_item(a, k in vk, ops, info))
+    return tuple(key)
 
 
-def backward_in_calling_thread():
-    if not AUTOGRAD_DEVICE_THREAD and torch._C._is_multithreading_enabled():
-        torch._C._set_multithreading_enabled(False)
+_PACKED_SEQUENCE_OPS = ("aten::_pack_padded_sequence", "aten::_pad_packed_sequence", "aten::lstm", "aten::gru",
+                        "aten::rnn_tanh", "aten::rnn_relu")
 
 
-backward_in_calling_thread()
+def _key_item(a, is_value, ops, info):
+    t = type(a)
+    if t in SCALAR_TYPES:
+        if is_value and not is_special(a):
+            ops.append(a)
+            return ("S", t)
+        return (t, a)
+    if t is list or t is tuple:
+        return (t,) + tuple(_key_item(x, is_value, ops, info) for x in a)
+    if isinstance(a, torch.Tensor):
+        if isinstance(a, LazyTensor):
+            ops.append(a._state.value())
+            return a._state.meta
+        if a.dim() == 0 and a.device.type == "cpu":
+            up = upload(a)
+            ops.append(up.storage.ir)
+            return up.meta
+        if info.name.split(".")[0] in _PACKED_SEQUENCE_OPS:
+            raise LazyXlaError(
+                f"{info.name}: lazyxla does not support packed sequences yet (PyTorch keeps their lengths on "
+                f"the CPU) at {fmt_where(user_frame(1))}; pad the batch and mask the padding instead")
+        raise LazyXlaError(
+            f"{info.name}: expected all tensors on {DEVICE}, but one is on {a.device} "
+            f"(shape {list(a.shape)}, {a.dtype}) at {fmt_where(user_frame(1))}. Move it with .to(lazyxla.device())."
+        )
+    if t is torch.device:
+        return ("dev", a.type)
+    return a
 
 
-from .dispatch import _dispatch  # noqa: E402  (dispatch imports this module)
+def _write_out(node, sig, info, kwargs):
+    outs = [kwargs[w] for w in info.written]
+    for i, o in enumerate(outs):
+        if not isinstance(o, LazyTensor):
+            raise LazyXlaError(f"{info.name}: out= must be a lazyxla tensor")
+        m = o._state.meta
+        if m.shape != sig.outs[i].shape:  # PyTorch resizes out= (with a warning unless it was empty)
+            if m.numel:
+                warnings.warn_explicit(
+                    f"{info.name}: an out= tensor with {m.numel} elements was resized from "
+                    f"{list(m.shape)} to {list(sig.outs[i].shape)}", UserWarning,
+                    *(user_frame(1) or ("<unknown>", 0))[:2], module="lazyxla")
+            o.resize_(list(sig.outs[i].shape))
+        o._state.write(converted((node, i), sig.outs[i], o._state.meta))
+    return outs[0] if len(outs) == 1 else tuple(outs)

@@ -8,27 +8,27 @@ level 100. At every sync with a level above 0, torch_xla's performance warnings 
 printed when they apply (``pt-xla-profiler: CompileTime too frequent: ...`` after 10
 steps with more than 0.5 compiles per step). Environment read once at import.
 
-May touch: stderr or the debug file. Reads executor state.
+``Reporter`` is its subscriber (``events``). May touch: stderr or the debug file.
 """
 from __future__ import annotations
 
-import os
 import sys
 
-from . import executor, metrics
-from .ir import user_frames
+from .. import metrics
+from ..config import env_flag, env_int, env_str
+from ..ir import user_frames
 
 
 def _level() -> int:
-    lvl = int(os.environ.get("PT_XLA_DEBUG_LEVEL", "-1") or -1)
-    if lvl == -1 and os.environ.get("PT_XLA_DEBUG", "0").lower() not in ("", "0", "false"):
+    lvl = env_int("PT_XLA_DEBUG_LEVEL", -1)
+    if lvl == -1 and env_flag("PT_XLA_DEBUG", False):
         lvl = 100
     return lvl
 
 
 LEVEL = _level()
-FILE = os.environ.get("PT_XLA_DEBUG_FILE", "")
-MAX_FRAMES = int(os.environ.get("PT_XLA_DEBUG_MAX_FRAME", "8") or 8)
+FILE = env_str("PT_XLA_DEBUG_FILE")
+MAX_FRAMES = env_int("PT_XLA_DEBUG_MAX_FRAME", 8)
 RULE = "=" * 80
 DASH = "-" * 80
 
@@ -76,13 +76,10 @@ def _post_compilation(prog) -> str:
     return f"\nComputation hash: {prog.key.hex()}\n{body}\n"
 
 
-class _Observer:
-    def before_compile(self, cause, trace, graph):
-        pass
+class Reporter:
+    """The subscriber that writes the blocks (subscribed only when the level is above 0)."""
 
-    def after_lookup(self, cause, prog, graph, compiled):
-        if LEVEL <= 0:
-            return
+    def after_lookup(self, cause, trace, prog, graph, compiled):
         frames = user_frames(64)
         if compiled:
             _emit(block("Compilation Analysis", "Compilation", CAUSES[cause], prog.key.hex(), len(graph.params),
@@ -93,12 +90,6 @@ class _Observer:
                         len(graph.roots), frames))
 
     def after_step(self):
-        if LEVEL <= 0:
-            return
         lines = metrics.performance_report()
         if lines:
             _emit("\n".join(lines) + "\n")
-
-
-if LEVEL > 0:
-    executor.OBSERVERS.append(_Observer())

@@ -9,19 +9,20 @@ differs, and the record names its op, its old and new shape, dtype or constant, 
 user's line that recorded it.
 
 ``recompile_log()`` returns the records; ``LAZYXLA_EXPLAIN_RECOMPILES=1`` prints each one
-as it happens. May touch: its own history; reads executor traces.
+as it happens. ``Recorder`` is the subscriber (``events``) that keeps the history; it reads
+the persistent cache's list of keys other processes compiled. May touch: its own history.
 """
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, field
 
-from . import executor
-from .graph_hash import SITES
-from .ir import fmt_where, post_order
+from .. import persistent_cache
+from ..config import env_flag
+from ..graph_hash import SITES, FoldTrace, Step
+from ..ir import fmt_where, post_order
 
-EXPLAIN = os.environ.get("LAZYXLA_EXPLAIN_RECOMPILES", "0").lower() not in ("", "0", "false")
+EXPLAIN = env_flag("LAZYXLA_EXPLAIN_RECOMPILES", False)
 
 
 @dataclass
@@ -96,18 +97,11 @@ def _ir_table(value):
 
 
 # ---------------------------------------------------------------------------------------
-def _by_site(trace):
-    d = {s: [] for s in SITES}
-    for st in trace.steps:
-        d[st.site].append(st)
-    return d
-
-
 def distance(a, b) -> float:
     """How far two fold traces are: one per differing site; for the tensors, the number of
     IR nodes that differ in themselves under each root (see _tree_distance), and one per
     missing or extra root. Ties go to the latest key."""
-    da, db = _by_site(a), _by_site(b)
+    da, db = a.by_site(), b.by_site()
     n = 0
     for site in SITES:
         xa = [s.ingredient for s in da[site]]
@@ -157,7 +151,7 @@ def _tree_distance(a, b, memo, budget) -> int:
 
 
 def first_site(a, b):
-    da, db = _by_site(a), _by_site(b)
+    da, db = a.by_site(), b.by_site()
     for site in SITES:
         if [s.ingredient for s in da[site]] != [s.ingredient for s in db[site]]:
             return site
@@ -177,7 +171,7 @@ def closest(trace, candidates):
 def explain(new, old):
     """(site, text, where) for a new trace against an old one."""
     site = first_site(new, old)
-    dn, do = _by_site(new), _by_site(old)
+    dn, do = new.by_site(), old.by_site()
     if site == "force_ltc_data":
         now = dn[site][0].summary
         if "false" in now:
@@ -307,8 +301,6 @@ def _disk_history():
     global _DISK
     if _DISK is None:
         _DISK = []
-        from . import persistent_cache
-        from .graph_hash import FoldTrace, Step
         pc = persistent_cache.get_cache()
         for e in (pc.entries() if pc is not None else []):
             fold = e.get("fold")
@@ -323,11 +315,13 @@ def _disk_history():
     return _DISK
 
 
-class _Observer:
+class Recorder:
+    """The subscriber that keeps every compiled key and explains each compile."""
+
     def before_compile(self, cause, trace, graph):
         _disk_history()  # read other processes' keys before this one is stored
 
-    def after_lookup(self, cause, prog, graph, compiled):
+    def after_lookup(self, cause, lookup_trace, prog, graph, compiled):
         use = _USES.get(prog.key.hex())
         if use is None:
             use = _USES[prog.key.hex()] = [0, prog.compile_ns, cause]
@@ -347,6 +341,3 @@ class _Observer:
         _HISTORY.append(trace)
         if EXPLAIN:
             print(str(rec), file=sys.stderr)
-
-
-executor.OBSERVERS.append(_Observer())

@@ -1,0 +1,71 @@
+"""Lower and compile: a ``Graph`` becomes one XLA program through ``jax.jit``.
+
+``compile_graph`` builds the program function from the post-order (``lowering.build_program``),
+lowers it for the parameters' shapes and dtypes, and compiles it, donating the given
+parameters (R9) and tupling the parameters at or above ``XLA_PARAMETER_WRAPPING_THREADSHOLD``
+(3200, torch_xla's spelling; R11). ``hlo_text`` lowers the same function and returns the
+program text without compiling (R10). A failure names the graph's hash, its ops and the
+user's lines that recorded them (an ``ExecutionError``).
+
+May touch: the compile metrics (``CompileTime``, ``CreateCompileHandles``,
+``TensorsGraphSize``, ``InputOutputAliasCount``). Reads the wrapping threshold once.
+"""
+from __future__ import annotations
+
+import jax
+
+from . import metrics
+from .config import env_int
+from .execution import ExecutionError
+from .ir import fmt_where
+from .jax_internals import tupled_parameters
+from .lowering import build_program
+from .xla import jnp_dtype
+
+WRAP_THRESHOLD = env_int("XLA_PARAMETER_WRAPPING_THREADSHOLD", 3200)
+
+
+def specs(graph) -> list:
+    """The abstract values (shape, dtype) of the graph's parameters."""
+    return [jax.ShapeDtypeStruct(p.sig.outs[0].shape, jnp_dtype(p.sig.outs[0].dtype)) for p in graph.params]
+
+
+def _function(graph, name):
+    fn = build_program(graph.post, graph.roots, graph.params)
+    fn.__name__ = name
+    return fn
+
+
+def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
+    """The compiled program (a ``jax.stages.Compiled``) and what compiling it cost (ns)."""
+    fn = _function(graph, name)
+    args = specs(graph)
+    t0 = metrics.now_ns()
+    try:
+        with tupled_parameters(wrap_allowed and len(args) >= WRAP_THRESHOLD):
+            compiled = jax.jit(fn, donate_argnums=donors).lower(*args).compile()
+    except Exception as e:
+        raise ExecutionError(describe_failure("compile", key_hex, graph, e)) from e
+    dt = metrics.now_ns() - t0
+    metrics.metric_add("CompileTime", dt, "time")
+    metrics.counter_inc("CreateCompileHandles")
+    metrics.metric_add("TensorsGraphSize", graph.n_ops)
+    metrics.metric_add("InputOutputAliasCount", len(donors))
+    return compiled, dt
+
+
+def hlo_text(graph) -> str:
+    """The program text of the graph (HLO; StableHLO where JAX offers no HLO text)."""
+    lowered = jax.jit(_function(graph, "IrToHlo")).lower(*specs(graph))
+    try:
+        return lowered.compiler_ir("hlo").as_hlo_text()
+    except Exception:  # noqa: BLE001 - older/newer JAX: fall back to StableHLO text
+        return lowered.as_text()
+
+
+def describe_failure(what, key_hex, graph, e) -> str:
+    ops = sorted({n.sig.op for n in graph.post if n.data is None})
+    wheres = [n.where for n in graph.post if n.where]
+    loc = f"; the graph was recorded from {fmt_where(wheres[0])} to {fmt_where(wheres[-1])}" if wheres else ""
+    return (f"lazyxla: could not {what} graph {key_hex} ({len(graph.post)} nodes, ops: "
+            f"{', '.join(ops[:20])}){loc}: {type(e).__name__}: {e}")

@@ -1,0 +1,342 @@
+"""Signatures: what recording an op call needs to know, worked out once per signature.
+
+A *signature key* is the op with each tensor's interned meta and each non-tensor argument
+(a Python scalar that is an op *value* enters only by kind, unless it is one of the special
+scalars 0, 1, -1: R1.5). The first call with a key comes here (``new_entry``): the op runs
+once on meta tensors (PyTorch's own shape and dtype rules, and its shape errors), the call
+is turned into an ``OpSig`` (the op, its parameters as a template with ``Slot``s for
+operands, its output metas, its lowering), and the lowering is traced abstractly, so that an
+op lazyxla cannot do fails at the user's line, not later inside a whole program. The
+``Entry`` says how later calls with the key are recorded: as a node, through a PyTorch
+decomposition, as a constant, or on the CPU. ``info(func)`` holds the facts read from an
+op's schema (functional, in-place, out=, view; its value arguments).
+
+This is the cold path: the warm path (``tensor.py``) never pays meta shape inference again.
+Works on any torch tensors through their public attributes. May touch: its own caches.
+"""
+from __future__ import annotations
+
+import jax
+import torch
+from torch._ops import OpOverload
+
+from . import lowering
+from .config import env_flag
+from .device import DEVICE, is_lazy
+from .ir import OpSig, Slot, TensorMeta, fmt_where
+from .xla import jnp_dtype
+
+# R1.5: XLA_NO_SPECIAL_SCALARS=1 makes 0, 1 and -1 device data like every other scalar.
+NO_SPECIAL_SCALARS = env_flag("XLA_NO_SPECIAL_SCALARS", False)
+
+
+class LazyXlaError(RuntimeError):
+    """A user error caught while recording an op; names the op and the user's line."""
+
+
+# ---------------------------------------------------------------------------------------
+# Per-op facts read once from the schema.
+class FuncInfo:
+    __slots__ = ("func", "name", "counter", "value_pos", "value_kw", "kind", "functional", "written",
+                 "view", "random")
+
+    def __init__(self, func: OpOverload):
+        s = func._schema
+        self.func = func
+        self.name = s.name + ("." + s.overload_name if s.overload_name else "")
+        self.counter = "xla::" + s.name.split("::", 1)[-1]
+        vp, vk = set(), set()
+        written = []
+        writes = any(a.alias_info is not None and a.alias_info.is_write for a in s.arguments)
+        static = lowering.STATIC_ARGS.get(func) or \
+            (lowering.STATIC_ARGS.get(lowering.functional_of(func), ()) if writes else ())
+        for i, a in enumerate(s.arguments):
+            ts = str(a.type)
+            if a.name in static:
+                pass
+            elif ts.startswith("Scalar") or ts.startswith("Tensor") or ts.startswith("number"):
+                (vk if a.kwarg_only else vp).add(i if not a.kwarg_only else a.name)
+            if a.alias_info is not None and a.alias_info.is_write:
+                written.append(a.name)
+        self.value_pos = frozenset(vp)
+        self.value_kw = frozenset(vk)
+        self.written = tuple(written)
+        self.view = (not written) and any(r.alias_info is not None for r in s.returns)
+        if not written:
+            self.kind = "view" if self.view else "functional"
+        elif written == [s.arguments[0].name] and not s.arguments[0].kwarg_only:
+            self.kind = "inplace"
+        elif all(s.arguments[[x.name for x in s.arguments].index(w)].kwarg_only for w in written):
+            self.kind = "out"
+        else:
+            self.kind = "mutating"
+        self.functional = lowering.functional_of(func) if self.kind in ("inplace", "out") else func
+        if self.functional is None and func in lowering.LOWERINGS:
+            self.functional = func  # an in-place op lowered as itself (random fills: normal_, bernoulli_)
+        self.random = lowering.is_random(self.functional) if self.functional is not None else False
+
+    @property
+    def inplace_view(self) -> bool:
+        """An in-place op whose functional form is a view (t_, transpose_, unsqueeze_, squeeze_,
+        as_strided_): the tensor itself takes the view's shape."""
+        f = self.functional
+        return self.kind == "inplace" and f is not None and f is not self.func and op_info(f).view
+
+
+_INFO: dict = {}
+
+
+def op_info(func) -> FuncInfo:
+    i = _INFO.get(func)
+    if i is None:
+        i = _INFO[func] = FuncInfo(func)
+    return i
+
+SCALAR_TYPES = (int, float, bool)
+
+
+def is_special(v) -> bool:
+    return (not NO_SPECIAL_SCALARS) and (v == 0 or v == 1 or v == -1)
+
+
+# ---------------------------------------------------------------------------------------
+def _to_meta(a):
+    if isinstance(a, torch.Tensor):
+        return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
+    if isinstance(a, (list, tuple)):
+        return type(a)(_to_meta(x) for x in a)
+    if isinstance(a, torch.device):
+        return torch.device("meta")
+    return a
+
+
+def _template(a, counter, is_value, sig_scalars, slot_metas):
+    t = type(a)
+    if isinstance(a, torch.Tensor):
+        s = Slot(counter[0])
+        counter[0] += 1
+        slot_metas.append(TensorMeta.of(a) if is_lazy(a) else TensorMeta(a.shape, a.dtype))
+        return s
+    if t in SCALAR_TYPES:
+        if is_value and not is_special(a):
+            s = Slot(counter[0])
+            counter[0] += 1
+            sig_scalars.append((s.i, t))
+            slot_metas.append(None)  # a scalar: its dtype is decided below
+            return s
+        return a
+    if t is list or t is tuple:
+        return tuple(_template(x, counter, is_value, sig_scalars, slot_metas) for x in a)
+    if t is torch.device:
+        return "lazyxla"
+    return a
+
+
+def flat_tensors(x, out):
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            flat_tensors(y, out)
+    return out
+
+
+class Entry:
+    """A cached signature: how to record a call with this key."""
+
+    __slots__ = ("sig", "mode", "scalar_dtypes", "const", "nops", "pattern", "returns")
+
+    def __init__(self, sig, mode, scalar_dtypes=(), const=None, nops=0, pattern=None):
+        self.returns = _returns(sig.func) if sig is not None and sig.func is not None else "one"
+        self.pattern = pattern  # for tuple results with None (undefined) outputs: tensor positions
+        self.sig = sig
+        self.mode = mode  # "node" | "decomp" | "fallback" | "const"
+        self.scalar_dtypes = scalar_dtypes
+        self.const = const
+        self.nops = nops
+
+
+def check_writable(t, name, where):
+    """PyTorch refuses to write a tensor whose elements share memory (an ``expand``ed view):
+    the same error, at the user's line, never a silently computed value."""
+    if any(st == 0 and sz > 1 for sz, st in zip(t.shape, t.stride())):
+        raise LazyXlaError(f"{name}: unsupported operation: more than one element of the written-to tensor refers "
+                           f"to a single memory location. Please clone() the tensor before performing the "
+                           f"operation. (at {fmt_where(where)})")
+
+
+_FILLS = ("aten::fill_", "aten::zero_")  # one value everywhere: PyTorch allows them on expanded tensors
+
+
+def new_entry(func, info, args, kwargs, where) -> Entry:
+    if info.kind == "inplace" and is_lazy(args[0]) and info.name.split(".")[0] not in _FILLS:
+        check_writable(args[0], info.name, where)
+    elif info.kind == "out":
+        for w in info.written:
+            if is_lazy((kwargs or {}).get(w)):
+                check_writable(kwargs[w], info.name, where)
+    target = info.functional
+    if info.kind == "out" and target is None:  # no functional form to infer shapes with
+        return Entry(None, "fallback")
+    low = lowering.get(target) if target is not None else None
+    margs = _to_meta(list(args))
+    mkw = {k: _to_meta(v) for k, v in (kwargs or {}).items()}
+    if info.kind == "out":
+        for w in info.written:
+            mkw.pop(w, None)
+    call = target if target is not None else func
+    try:
+        mout = call(*margs, **mkw)
+    except Exception as e:  # noqa: BLE001 - sorted into fallback or a user error below
+        msg = str(e).split("\n")[0]
+        low_msg = msg.lower()
+        data_dependent = isinstance(e, torch._subclasses.fake_tensor.DynamicOutputShapeException) or any(
+            w in low_msg for w in ("data-dependent", "data dependent", "nonzero", "dynamic output shape",
+                                   "item() cannot be called on meta"))  # a Python value: allclose
+        no_meta = isinstance(e, NotImplementedError) or ("meta" in low_msg and "not implemented" in low_msg)
+        if data_dependent or (no_meta and low is None):
+            # an output shape that depends on the values (boolean masks, nonzero, unique):
+            # the CPU computes it (R1.7)
+            return Entry(None, "fallback")
+        if no_meta:
+            raise LazyXlaError(f"{info.name}: lazyxla cannot infer the output shape ({msg}) "
+                               f"at {fmt_where(where)}") from None
+        shapes = ", ".join(describe(a) for a in args if isinstance(a, torch.Tensor)
+                           or isinstance(a, (list, tuple)))
+        raise LazyXlaError(f"{info.name}({shapes}): {msg} at {fmt_where(where)}") from None
+    outs = flat_tensors(mout, [])
+    if info.kind == "inplace":
+        _check_inplace(func, args, kwargs, where, info)
+        if outs and not torch.can_cast(outs[0].dtype, args[0].dtype):
+            raise LazyXlaError(f"{info.name}: result type {_dtype_name(outs[0].dtype)} can't be cast to the "
+                               f"desired output type {_dtype_name(args[0].dtype)} at {fmt_where(where)}")
+    if not outs and not info.written:  # sizes, strides, dtypes: a constant of the signature
+        return Entry(None, "const", const=mout)
+    if low is None or not outs:  # an op that writes its arguments and returns nothing is never a constant
+        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+            return Entry(None, "implicit")
+        if target is not None and target in lowering.DECOMPOSITIONS:
+            return Entry(None, "decomp")
+        return Entry(None, "fallback")
+    counter = [0]
+    scal = []
+    slot_metas = []
+    vp, vk = info.value_pos, info.value_kw
+    targs = tuple(_template(a, counter, i in vp, scal, slot_metas) for i, a in enumerate(args))
+    tkw = {k: _template(v, counter, k in vk, scal, slot_metas) for k, v in (kwargs or {}).items()
+           if not (info.kind == "out" and k in info.written)}
+    if info.random:
+        tkw["__seed__"] = Slot(counter[0])
+        counter[0] += 1
+        slot_metas.append(TensorMeta((), torch.int64))
+    template = (targs, tuple(sorted(tkw.items())))
+    out_metas = [TensorMeta(o.shape, o.dtype, o.stride()) for o in outs]
+    if info.kind == "inplace":
+        out_metas = [TensorMeta.of(args[0])]
+    tensors = flat_tensors(list(args), [])
+    cdtype = _promoted([a for a in args], tensors)
+    sdt = {}
+    for slot_i, pytype in scal:
+        sdt[slot_i] = _scalar_dtype(pytype, tensors)
+    op = op_info(target).name
+    sig = OpSig(op, target, low, template, out_metas, cdtype=cdtype)
+    pattern = None
+    if isinstance(mout, (tuple, list)) and any(o is None for o in mout):
+        pattern = tuple(o is not None for o in mout)
+    for i, dt in sdt.items():
+        slot_metas[i] = TensorMeta((), dt)
+    _check_lowering(sig, slot_metas, info, args, where)
+    return Entry(sig, "node", sdt, nops=counter[0], pattern=pattern)
+
+
+def _dtype_name(dt):
+    return {torch.float32: "Float", torch.float64: "Double", torch.int64: "Long", torch.int32: "Int",
+            torch.bool: "Bool", torch.float16: "Half", torch.bfloat16: "BFloat16"}.get(dt, str(dt))
+
+
+def _check_inplace(func, args, kwargs, where, info):
+    """An in-place op must keep its target's shape and dtype: PyTorch's own meta kernel of
+    the in-place op says whether the result can be cast back. Ops that change the tensor's
+    shape in place are special (_inplace_view, _resize); one that is not found here is refused."""
+    margs = _to_meta(list(args))
+    try:
+        func(*margs, **{k: _to_meta(v) for k, v in (kwargs or {}).items()})
+    except Exception as e:  # noqa: BLE001 - PyTorch's own error, at the user's line
+        msg = str(e).split("\n")[0]
+        raise LazyXlaError(f"{info.name}: {msg} at {fmt_where(where)}") from None
+    target = args[0]
+    if tuple(margs[0].shape) != tuple(target.shape) or margs[0].dtype != target.dtype:
+        raise LazyXlaError(f"{info.name}: a lazyxla tensor cannot change its shape or dtype in place "
+                           f"({TensorMeta.of(target)!r} -> {TensorMeta.of(margs[0])!r}) at {fmt_where(where)}; use the "
+                           f"out-of-place op instead")
+
+
+def _check_lowering(sig, slot_metas, info, args, where):
+    """Trace the lowering once, abstractly, when a signature is first seen: an op the
+    lowering cannot do fails here, at the user's line, not later inside a whole program."""
+    specs = [jax.ShapeDtypeStruct(m.shape, jnp_dtype(m.dtype)) for m in slot_metas]
+    try:
+        jax.eval_shape(lambda *v: lowering.lower_call(sig, v), *specs)
+    except Exception as e:  # noqa: BLE001 - every failure becomes the user's error
+        shapes = ", ".join(describe(a) for a in args if isinstance(a, (torch.Tensor, list, tuple)))
+        msg = str(e).split("\n")[0]
+        raise LazyXlaError(f"{info.name}({shapes}) is not supported by lazyxla: {type(e).__name__}: {msg} "
+                           f"at {fmt_where(where)}") from None
+
+
+def _promoted(args, tensors):
+    try:
+        vals = [a for a in args if isinstance(a, torch.Tensor) or type(a) in SCALAR_TYPES]
+        if not vals:
+            return None
+        dt = None
+        for v in vals:
+            if isinstance(v, torch.Tensor):
+                m = torch.empty((0,) if v.dim() else (), dtype=v.dtype, device="meta")
+            else:
+                m = v
+            if dt is None:
+                dt = m
+            else:
+                dt = torch.empty((0,), dtype=torch.result_type(dt, m), device="meta") \
+                    if (isinstance(dt, torch.Tensor) and dt.dim()) or (isinstance(m, torch.Tensor) and m.dim()) \
+                    else torch.empty((), dtype=torch.result_type(dt, m), device="meta")
+        return dt.dtype if isinstance(dt, torch.Tensor) else None
+    except Exception:
+        return None
+
+
+def _scalar_dtype(pytype, tensors):
+    if pytype is bool:
+        return torch.bool
+    fl = [t.dtype for t in tensors if t.dtype.is_floating_point]
+    if pytype is float:
+        if fl:
+            d = fl[0]
+            return torch.float32 if d in (torch.float16, torch.bfloat16) else d
+        return torch.get_default_dtype()
+    if fl:
+        d = fl[0]
+        return torch.float32 if d in (torch.float16, torch.bfloat16) else d
+    ints = [t.dtype for t in tensors if not t.dtype.is_floating_point and t.dtype != torch.bool]
+    return ints[0] if ints else torch.int64
+
+
+def describe(a):
+    if is_lazy(a):
+        return repr(TensorMeta.of(a))
+    if isinstance(a, torch.Tensor):
+        return f"{a.dtype}{list(a.shape)}@{a.device}"
+    if isinstance(a, (list, tuple)):
+        return "[" + ", ".join(describe(x) for x in a) + "]"
+    return repr(a)
+
+
+
+def _returns(func) -> str:
+    """How an op returns its tensors: "one", "list" (Tensor[]) or "tuple"."""
+    rs = func._schema.returns
+    if len(rs) == 1:
+        return "list" if str(rs[0].type).startswith("List") else "one"
+    return "tuple"
+

@@ -1,0 +1,227 @@
+"""A tensor's value: storages, views and their replay, writes, device data, and the arena.
+
+Every lazy tensor (``tensor.LazyTensor``, the torch-facing object) carries one
+``TensorState`` as its ``_state``; nothing else about its value lives anywhere else.
+
+- A ``Storage`` is the value shared by a tensor and every view or alias of it (``.data``,
+  ``detach()``, slices). ``storage.ir`` is the current value as an IR value ``(node, index)``:
+  pending IR, or a device-data leaf whose node holds a ``jax.Array`` (then ``storage.data``
+  is that array). ``version`` moves on at every change.
+- A ``TensorState`` is one tensor's view of a storage: the storage, the chain of view
+  signatures from the storage's value to the tensor's (None for the storage itself), the
+  tensor's meta, and its unique id (R0: from a counter starting at 1). A view rebuilds its
+  IR from the storage when the storage's version has moved on (``value()``); a write through
+  a view is scattered into the storage in one step by the chain's index map (``write()``).
+- The arena (R0 "live tensors") holds a weak reference to each state in creation order; a
+  sync walks it (``pending()``). A state lives as long as its tensor.
+- Device data: ``upload`` (a host tensor) and ``scalar_value`` (a Python scalar, R1.5).
+
+May touch: storages and states, the arena, the transfer metrics and the tensor counters.
+Knows nothing about torch ops, compiling or running programs.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+
+from . import metrics
+from .ir import Node, OpSig, Slot, TensorMeta, data_leaf
+from .lowering import lower_convert, lower_view_scatter
+from .xla import scalar_array, upload as _upload_array
+
+_weakref = weakref.ref
+_counters = metrics.COUNTERS
+
+
+class Storage:
+    """The value shared by a tensor and all its aliases."""
+
+    __slots__ = ("ir", "data", "version", "meta", "donate", "__weakref__")
+
+    def __init__(self, ir, meta, data=None):
+        self.ir = ir
+        self.data = data
+        self.meta = meta
+        self.version = 0
+        self.donate = False
+
+    @staticmethod
+    def of_data(array, meta):
+        st = Storage(None, meta, array)
+        st.ir = (data_leaf(array, meta, _weakref(st)), 0)
+        return st
+
+    def set_ir(self, value):
+        self.ir = value
+        self.data = None
+        self.version += 1
+
+    def set_data(self, array):
+        """The storage's value is now this device buffer (after a sync)."""
+        self.ir = (data_leaf(array, self.meta, _weakref(self)), 0)
+        self.data = array
+        self.version += 1
+        self.donate = False  # a user's donation mark belongs to the old buffer
+
+
+# ---------------------------------------------------------------------------------------
+# The arena: weak references to live states, in creation order (a dict keeps insertion
+# order; a weak reference hashes as its state did, so a dead one still finds its entry).
+LIVE: dict = {}
+_ids = itertools.count(1)
+
+
+def _forget(ref):
+    LIVE.pop(ref, None)
+    _counters["DestroyXlaTensor"] = _counters.get("DestroyXlaTensor", 0) + 1
+
+
+class TensorState:
+    """One lazy tensor's value: which storage, through which views, with what meta."""
+
+    __slots__ = ("storage", "chain", "ir", "version", "meta", "uid", "__weakref__")
+
+    def __init__(self, storage: Storage, meta: TensorMeta, chain=None, ir=None, version=-1):
+        self.storage = storage
+        self.chain = chain  # ((view OpSig, output index), ...) from the storage's value, or None
+        self.ir = ir        # a view's IR value, valid while version == storage.version
+        self.version = version
+        self.meta = meta
+        self.uid = next(_ids)
+        LIVE[_weakref(self, _forget)] = None
+        _counters["CreateXlaTensor"] = _counters.get("CreateXlaTensor", 0) + 1
+
+    def value(self):
+        """The tensor's current IR value, rebuilding a view's IR if its storage moved on."""
+        st = self.storage
+        chain = self.chain
+        if chain is None:
+            return st.ir
+        if self.version != st.version:
+            v = st.ir
+            for vsig, i in chain:
+                v = (Node(vsig, (v,)), i)
+            self.ir = v
+            self.version = st.version
+        return self.ir
+
+    def alias(self) -> "TensorState":
+        """A new tensor's state sharing this one's storage and view (``.data``, ``detach()``)."""
+        if self.chain is None:
+            return TensorState(self.storage, self.meta)
+        return TensorState(self.storage, self.meta, self.chain, self.ir, self.version)
+
+    def view(self, node, sig) -> list:
+        """The states of a view op's outputs: the same storage, one more link in the chain."""
+        st = self.storage
+        base = self.chain or ()
+        return [TensorState(st, m, base + ((sig, i),), (node, i), st.version) for i, m in enumerate(sig.outs)]
+
+    def become(self, other: "TensorState"):
+        """Take ``other``'s storage, view and meta, keeping this tensor's id (``set_``,
+        ``.data =``, in-place view ops)."""
+        self.storage, self.chain, self.ir, self.version, self.meta = \
+            other.storage, other.chain, other.ir, other.version, other.meta
+
+    def write(self, value):
+        """Make ``value`` (an IR value of this tensor's meta) the new value of the tensor and
+        its aliases. Through a view, the new value is scattered into the storage in one step,
+        by the index map of the whole view chain: only the elements of this tensor are
+        written, even where an outer view repeats elements of the storage (a row of an
+        ``expand``ed tensor)."""
+        st = self.storage
+        chain = self.chain
+        if not chain:
+            st.set_ir(value)
+            return
+        ssig = _SCATTER_SIGS.get(chain)
+        if ssig is None:
+            ssig = _SCATTER_SIGS[chain] = OpSig(
+                "lazyxla::view_scatter", chain, lower_view_scatter,
+                ((Slot(0), Slot(1)), (("views", tuple((vsig.hb, i) for vsig, i in chain)),)), (st.meta,))
+        st.set_ir((Node(ssig, (st.ir, value), None), 0))
+        self.ir = value
+        self.version = st.version
+
+
+_SCATTER_SIGS: dict = {}
+_CONVERT_SIGS: dict = {}
+
+
+def fresh(value, meta: TensorMeta) -> TensorState:
+    """The state of a new tensor whose value is ``value`` in a storage of its own."""
+    return TensorState(Storage(value, meta), meta)
+
+
+def converted(value, src_meta: TensorMeta, dst_meta: TensorMeta):
+    """``value`` (of ``src_meta``) as a value of ``dst_meta``: cast, and broadcast."""
+    if src_meta is dst_meta or (src_meta.dtype == dst_meta.dtype and src_meta.shape == dst_meta.shape):
+        return value
+    k = (src_meta, dst_meta)
+    sig = _CONVERT_SIGS.get(k)
+    if sig is None:
+        sig = _CONVERT_SIGS[k] = OpSig("lazyxla::convert", None, lower_convert, ((Slot(0),), ()), (dst_meta,))
+    return (Node(sig, (value,)), 0)
+
+
+def live_states() -> list:
+    """Live states in creation order."""
+    out = []
+    for ref in list(LIVE):
+        s = ref()
+        if s is not None:
+            out.append(s)
+    return out
+
+
+def pending():
+    """What a sync computes: (storages, roots) for each distinct storage of a live tensor
+    whose value is pending IR, in arena order; a root is (tensor id, the storage's IR value)."""
+    storages, roots, seen = [], [], set()
+    for ref in list(LIVE):
+        s = ref()
+        if s is None:
+            continue
+        st = s.storage
+        sid = id(st)
+        if sid in seen:
+            continue
+        seen.add(sid)
+        if st.data is None:
+            storages.append(st)
+            roots.append((s.uid, st.ir))
+    return storages, roots
+
+
+def set_donation(state: TensorState, donate: bool) -> bool:
+    """Mark the storage's device buffer for donation at the next sync (R9.3); False when it
+    has none (pending IR)."""
+    st = state.storage
+    if st.data is None:
+        return False
+    st.donate = bool(donate)
+    return True
+
+
+# ---------------------------------------------------------------------------------------
+# Device data.
+def upload(host) -> TensorState:
+    """A CPU tensor's value as device data, at once (no IR): a new tensor's state."""
+    host = host.detach()
+    meta = TensorMeta(host.shape, host.dtype)
+    return TensorState(Storage.of_data(_upload_array(host), meta), meta)
+
+
+_SCALARS: dict = {}
+
+
+def scalar_value(v, dtype):
+    """A Python scalar as a device-data IR value (R1.5), cached by value and dtype."""
+    k = (type(v), v, dtype)
+    leaf = _SCALARS.get(k)
+    if leaf is None:
+        _counters["DeviceDataCacheMiss"] = _counters.get("DeviceDataCacheMiss", 0) + 1
+        if len(_SCALARS) > 4096:
+            _SCALARS.clear()
+        leaf = _SCALARS[k] = (data_leaf(scalar_array(v, dtype), TensorMeta((), dtype)), 0)
+    return leaf

@@ -1,0 +1,138 @@
+"""The XLA side, through JAX: the device, host<->device transfers, dtypes, and the
+compilation environment.
+
+JAX runs on its default backend (the CPU here; a GPU where JAX has one). lazyxla turns on
+JAX's 64-bit mode at import so that PyTorch's default int64 and float64 stay 64-bit.
+``compile_environment()`` says what a compiled program depends on besides its graph: the
+platform, the devices, the code-changing ``XLA_FLAGS`` and the versions of everything that
+generates code; the graph hash folds it (R3 step 2) and the persistent cache checks it.
+
+May touch: JAX's global config (x64) and the transfer metrics.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+import ml_dtypes
+import numpy as np
+import torch
+
+from . import metrics
+from .config import __version__, env_str
+
+jax.config.update("jax_enable_x64", True)
+
+TORCH_TO_JNP = {
+    torch.float32: jnp.float32, torch.float64: jnp.float64, torch.float16: jnp.float16,
+    torch.bfloat16: jnp.bfloat16, torch.int64: jnp.int64, torch.int32: jnp.int32,
+    torch.int16: jnp.int16, torch.int8: jnp.int8, torch.uint8: jnp.uint8, torch.bool: jnp.bool_,
+    torch.complex64: jnp.complex64, torch.complex128: jnp.complex128,
+}
+
+_device = None
+
+
+def jax_device():
+    global _device
+    if _device is None:
+        _device = jax.devices()[0]
+    return _device
+
+
+def jnp_dtype(dt: torch.dtype):
+    try:
+        return TORCH_TO_JNP[dt]
+    except KeyError:
+        raise TypeError(f"lazyxla does not support dtype {dt}") from None
+
+
+def upload(host: torch.Tensor):
+    """Copy a CPU tensor to the device; returns a jax.Array."""
+    with metrics.timed("TransferToDeviceTime"):
+        return _upload(host)
+
+
+def _upload(host):
+    host = host.detach()
+    if host.device.type != "cpu":
+        host = host.cpu()
+    if not host.is_contiguous():
+        host = host.contiguous()
+    # a copy: the device value must not follow later writes to the host tensor
+    if host.dtype == torch.bfloat16:
+        arr = host.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+    else:
+        arr = host.numpy().copy()
+    metrics.metric_add("InboundData", arr.nbytes, "bytes")
+    return jax.device_put(arr, jax_device())
+
+
+def download(arrays, dtypes) -> list:
+    """Copy device arrays to new CPU tensors of the given torch dtypes."""
+    with metrics.timed("TransferFromDeviceTime"):
+        return [_download(a, dt) for a, dt in zip(arrays, dtypes)]
+
+
+def _download(a, dt):
+    npa = np.asarray(a)
+    if dt == torch.bfloat16:
+        t = torch.from_numpy(npa.view(np.int16).copy()).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(np.array(npa, copy=True))
+        if t.dtype != dt:
+            t = t.to(dt)
+    metrics.metric_add("OutboundData", npa.nbytes, "bytes")
+    return t
+
+
+def scalar_array(value, dtype: torch.dtype):
+    """A 0-dim device array holding a Python scalar."""
+    with metrics.timed("TransferToDeviceTime"):
+        npdt = np.dtype(jnp_dtype(dtype))
+        if isinstance(value, int) and not isinstance(value, bool) and npdt.kind in "iu":
+            value = np.asarray(value & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64).astype(npdt)  # wraps, as PyTorch does
+        return jax.device_put(np.asarray(value, dtype=npdt), jax_device())
+
+
+# XLA_FLAGS that do not change compiled code (dump and debug output): left out of the
+# compilation environment.
+_IGNORED_FLAGS = {
+    "--xla_dump_to", "--xla_dump_hlo_as_text", "--xla_dump_hlo_as_proto", "--xla_dump_hlo_as_dot",
+    "--xla_dump_hlo_as_url", "--xla_dump_hlo_as_html", "--xla_dump_fusion_visualization",
+    "--xla_dump_hlo_snapshots", "--xla_dump_include_timestamp", "--xla_dump_max_hlo_modules",
+    "--xla_dump_module_metadata", "--xla_dump_hlo_pass_re", "--xla_dump_hlo_module_re",
+    "--xla_dump_compress_protos", "--xla_dump_disable_metadata", "--xla_dump_large_constants",
+    "--xla_dump_hlo_pipeline_re", "--xla_force_host_platform_device_count",
+}
+
+
+def _code_flags(value: str) -> str:
+    """The code-changing ``--xla`` flags of an ``XLA_FLAGS`` text, sorted."""
+    keep = [tok for tok in value.split() if tok.startswith("--xla") and tok.split("=", 1)[0] not in _IGNORED_FLAGS]
+    return " ".join(sorted(keep))
+
+
+@functools.lru_cache(maxsize=1)
+def compile_environment() -> dict:
+    """What a compiled program depends on besides its graph, read once per process:
+    ``platform``, ``platform_version``, ``devices``, the code-changing ``XLA_FLAGS``,
+    ``XLA_IR_DEBUG``, ``XLA_HLO_DEBUG``, and the versions ``jax``, ``jaxlib``, ``torch``
+    (with its git revision ``torch_git``) and ``lazyxla``."""
+    dev = jax_device()
+    return {
+        "platform": dev.platform,
+        "platform_version": getattr(dev.client, "platform_version", ""),
+        "devices": ",".join(str(d) for d in jax.devices()),
+        "XLA_FLAGS": _code_flags(env_str("XLA_FLAGS")),
+        "XLA_IR_DEBUG": env_str("XLA_IR_DEBUG"),
+        "XLA_HLO_DEBUG": env_str("XLA_HLO_DEBUG"),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "torch": f"{torch.__version__} ({torch.version.git_version})",
+        "torch_git": torch.version.git_version,
+        "lazyxla": __version__,
+    }
+
