@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
 import sys
 import time
 import warnings
 
+import jax
 import torch
 from torch._ops import OpOverload
 from torch.utils._pytree import tree_flatten, tree_map

@@ -8,4 +8,3 @@ from __future__ import annotations
 from .persistent_cache import initialize_cache
 
 __all__ = ["initialize_cache"]
-from .xla import jnp_dtype  # noqa: E402,F401  TEMPORARY: lowering still imports it from here

@@ -165,59 +165,82 @@ def check_writable(t, name, where):
                            f"operation. (at {fmt_where(where)})")
 
 
-_FILLS = ("aten::fill_", "aten::zero_")  # one value everywhere: PyTorch allows them on expanded tensors
-
-
 def new_entry(func, info, args, kwargs, where) -> Entry:
-    if info.kind == "inplace" and is_lazy(args[0]) and info.name.split(".")[0] not in _FILLS:
-        check_writable(args[0], info.name, where)
-    elif info.kind == "out":
-        for w in info.written:
-            if is_lazy((kwargs or {}).get(w)):
-                check_writable(kwargs[w], info.name, where)
+    """How calls with this signature are recorded (see the module docstring); raises
+    LazyXlaError, naming the op and the user's line, for a call PyTorch itself refuses."""
+    _check_writes(info, args, kwargs, where)
     target = info.functional
     if info.kind == "out" and target is None:  # no functional form to infer shapes with
         return Entry(None, "fallback")
-    low = lowering.get(target) if target is not None else None
-    margs = _to_meta(list(args))
-    mkw = {k: _to_meta(v) for k, v in (kwargs or {}).items()}
-    if info.kind == "out":
-        for w in info.written:
-            mkw.pop(w, None)
-    call = target if target is not None else func
-    try:
-        mout = call(*margs, **mkw)
-    except Exception as e:  # noqa: BLE001 - sorted into fallback or a user error below
-        msg = str(e).split("\n")[0]
-        low_msg = msg.lower()
-        data_dependent = isinstance(e, torch._subclasses.fake_tensor.DynamicOutputShapeException) or any(
-            w in low_msg for w in ("data-dependent", "data dependent", "nonzero", "dynamic output shape",
-                                   "item() cannot be called on meta"))  # a Python value: allclose
-        no_meta = isinstance(e, NotImplementedError) or ("meta" in low_msg and "not implemented" in low_msg)
-        if data_dependent or (no_meta and low is None):
-            # an output shape that depends on the values (boolean masks, nonzero, unique):
-            # the CPU computes it (R1.7)
-            return Entry(None, "fallback")
-        if no_meta:
-            raise LazyXlaError(f"{info.name}: lazyxla cannot infer the output shape ({msg}) "
-                               f"at {fmt_where(where)}") from None
-        shapes = ", ".join(describe(a) for a in args if isinstance(a, torch.Tensor)
-                           or isinstance(a, (list, tuple)))
-        raise LazyXlaError(f"{info.name}({shapes}): {msg} at {fmt_where(where)}") from None
+    mout = _run_on_meta(target if target is not None else func, info, args, kwargs, where)
+    if mout is _NEEDS_VALUES:  # e.g. an output shape that depends on the values: the CPU computes it (R1.7)
+        return Entry(None, "fallback")
     outs = flat_tensors(mout, [])
     if info.kind == "inplace":
-        _check_inplace(func, args, kwargs, where, info)
-        if outs and not torch.can_cast(outs[0].dtype, args[0].dtype):
-            raise LazyXlaError(f"{info.name}: result type {_dtype_name(outs[0].dtype)} can't be cast to the "
-                               f"desired output type {_dtype_name(args[0].dtype)} at {fmt_where(where)}")
+        _check_inplace(func, args, kwargs, where, info, outs)
     if not outs and not info.written:  # sizes, strides, dtypes: a constant of the signature
         return Entry(None, "const", const=mout)
+    low = lowering.get(target) if target is not None else None
     if low is None or not outs:  # an op that writes its arguments and returns nothing is never a constant
         if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
             return Entry(None, "implicit")
         if target is not None and target in lowering.DECOMPOSITIONS:
             return Entry(None, "decomp")
         return Entry(None, "fallback")
+    return _node_entry(info, target, low, args, kwargs, mout, outs, where)
+
+
+_FILLS = ("aten::fill_", "aten::zero_")  # one value everywhere: PyTorch allows them on expanded tensors
+
+
+def _check_writes(info, args, kwargs, where):
+    if info.kind == "inplace" and is_lazy(args[0]) and info.name.split(".")[0] not in _FILLS:
+        check_writable(args[0], info.name, where)
+    elif info.kind == "out":
+        for w in info.written:
+            if is_lazy((kwargs or {}).get(w)):
+                check_writable(kwargs[w], info.name, where)
+
+
+_NEEDS_VALUES = object()
+
+
+def _run_on_meta(call, info, args, kwargs, where):
+    """The op's result on meta tensors (PyTorch's shapes and dtypes), or ``_NEEDS_VALUES``."""
+    margs = _to_meta(list(args))
+    mkw = {k: _to_meta(v) for k, v in (kwargs or {}).items()
+           if not (info.kind == "out" and k in info.written)}
+    try:
+        return call(*margs, **mkw)
+    except Exception as e:  # noqa: BLE001 - either the values are needed, or it is the user's error
+        if _needs_values(e):
+            return _NEEDS_VALUES
+        shapes = ", ".join(describe(a) for a in args if isinstance(a, (torch.Tensor, list, tuple)))
+        raise LazyXlaError(f"{info.name}({shapes}): {str(e).splitlines()[0] if str(e) else type(e).__name__} "
+                           f"at {fmt_where(where)}") from None
+
+
+_VALUE_EXCEPTIONS = (NotImplementedError, torch._subclasses.fake_tensor.DynamicOutputShapeException,
+                     torch._subclasses.fake_tensor.DataDependentOutputException)
+
+
+def _needs_values(e) -> bool:
+    """Whether PyTorch could not work out the result without the tensors' values: no meta
+    kernel (NotImplementedError: nonzero, masked_select, unique ... whose output shape depends
+    on the values), a dynamic output shape, or a Python value computed from the values
+    (PyTorch says so only in a RuntimeError's text: ``Tensor.item() cannot be called on meta
+    tensors``, from allclose or equal; or ``... not implemented for 'Meta'``)."""
+    if isinstance(e, _VALUE_EXCEPTIONS):
+        return True
+    text = str(e).lower()
+    return isinstance(e, RuntimeError) and ("item() cannot be called on meta" in text
+                                            or ("meta" in text and "not implemented" in text))
+
+
+def _node_entry(info, target, low, args, kwargs, mout, outs, where) -> Entry:
+    """An entry that records the call as one node: its signature (template with a ``Slot`` for
+    each operand, output metas, promoted dtype), the dtypes of its Python scalar operands, and
+    the lowering checked abstractly."""
     counter = [0]
     scal = []
     slot_metas = []
@@ -230,16 +253,13 @@ def new_entry(func, info, args, kwargs, where) -> Entry:
         counter[0] += 1
         slot_metas.append(TensorMeta((), torch.int64))
     template = (targs, tuple(sorted(tkw.items())))
-    out_metas = [TensorMeta(o.shape, o.dtype, o.stride()) for o in outs]
     if info.kind == "inplace":
         out_metas = [TensorMeta.of(args[0])]
+    else:
+        out_metas = [TensorMeta(o.shape, o.dtype, o.stride()) for o in outs]
     tensors = flat_tensors(list(args), [])
-    cdtype = _promoted([a for a in args], tensors)
-    sdt = {}
-    for slot_i, pytype in scal:
-        sdt[slot_i] = _scalar_dtype(pytype, tensors)
-    op = op_info(target).name
-    sig = OpSig(op, target, low, template, out_metas, cdtype=cdtype)
+    sdt = {slot_i: _scalar_dtype(pytype, tensors) for slot_i, pytype in scal}
+    sig = OpSig(op_info(target).name, target, low, template, out_metas, cdtype=_promoted(list(args), tensors))
     pattern = None
     if isinstance(mout, (tuple, list)) and any(o is None for o in mout):
         pattern = tuple(o is not None for o in mout)
@@ -254,9 +274,9 @@ def _dtype_name(dt):
             torch.bool: "Bool", torch.float16: "Half", torch.bfloat16: "BFloat16"}.get(dt, str(dt))
 
 
-def _check_inplace(func, args, kwargs, where, info):
+def _check_inplace(func, args, kwargs, where, info, outs):
     """An in-place op must keep its target's shape and dtype: PyTorch's own meta kernel of
-    the in-place op says whether the result can be cast back. Ops that change the tensor's
+    the in-place op says whether the result (``outs``: the functional op's) can be cast back. Ops that change the tensor's
     shape in place are special (_inplace_view, _resize); one that is not found here is refused."""
     margs = _to_meta(list(args))
     try:
@@ -269,6 +289,9 @@ def _check_inplace(func, args, kwargs, where, info):
         raise LazyXlaError(f"{info.name}: a lazyxla tensor cannot change its shape or dtype in place "
                            f"({TensorMeta.of(target)!r} -> {TensorMeta.of(margs[0])!r}) at {fmt_where(where)}; use the "
                            f"out-of-place op instead")
+    if outs and not torch.can_cast(outs[0].dtype, target.dtype):
+        raise LazyXlaError(f"{info.name}: result type {_dtype_name(outs[0].dtype)} can't be cast to the "
+                           f"desired output type {_dtype_name(target.dtype)} at {fmt_where(where)}")
 
 
 def _check_lowering(sig, slot_metas, info, args, where):

@@ -9,7 +9,7 @@ from lazyxla import coverage
 
 aten = torch.ops.aten
 
-# One or two ops of each family, the ops lowered in lowering/more.py, composites and
+# One or two ops of each family, the ops lowered in lowering/{distance,fft,indexing,embedding,pooling}.py, composites and
 # decompositions; with the OpInfos whose samples reach them.
 SUBSET = [
     aten.add.Tensor, aten.mul.Scalar, aten.div.Tensor_mode, aten.where.self, aten.clamp.Tensor,

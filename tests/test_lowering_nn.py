@@ -1,4 +1,4 @@
-"""Numerics of the nn lowerings (lazyxla/lowering/nn.py) against PyTorch eager CPU.
+"""Numerics of the nn lowerings (lazyxla/lowering/: conv, pooling, resample, softmax, loss, layer_norm, embedding, activation) against PyTorch eager CPU.
 
 Each case runs the ATen op on meta tensors for the output metas, calls the registered
 lowering on JAX copies of the inputs (scalars passed as the dispatcher passes them), casts
@@ -57,7 +57,7 @@ def _scalar_dtype(args):
 
 
 def _jax_args(op, args, kwargs):
-    """Tensors -> JAX arrays; non-special Scalar arguments -> 0-d arrays (dispatch's rule)."""
+    """Tensors -> JAX arrays; non-special Scalar arguments -> 0-d arrays (the warm path's rule)."""
     schema = op._schema.arguments
     sdt = _scalar_dtype(list(args) + list(kwargs.values()))
 

@@ -9,13 +9,13 @@ Random ops receive the step's seed (int64) as ``__seed__``.
 
 Modules. Imports run one way: the families and ``program`` import ``registry`` (several
 families also ``nn_helpers``), never this file, which imports them all and defines nothing
-itself; outside the package, lowering imports only ``lazyxla.ir`` and ``lazyxla.runtime``,
+itself; outside the package, lowering imports only ``lazyxla.ir`` and ``lazyxla.xla``,
 which never import it.
 - ``registry``: the registries LOWERINGS, RANDOM, STATIC_ARGS, ZERO_D_AS_VECTOR and
   DECOMPOSITIONS (PyTorch's decomposition table, loaded on import); ``register``, ``get``,
   ``is_random``, ``functional_of``.
 - ``program``: ``lower_call``, ``lower_node``, ``build_program`` (the function ``executor``
-  hands to ``jax.jit``) and the lowerings of dispatch's own nodes, ``lower_convert`` and
+  hands to ``jax.jit``) and the lowerings of lazyxla's own nodes (writes through views, conversions), ``lower_convert`` and
   ``lower_view_scatter``.
 - families, each registering its lowerings on import:
   ``elementwise`` (unary, binary, comparisons, where/clamp/fill), ``reduce`` (reductions,

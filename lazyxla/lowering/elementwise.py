@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from ..runtime import jnp_dtype
+from ..xla import jnp_dtype
 from .registry import register
 
 

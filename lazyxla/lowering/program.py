@@ -6,7 +6,7 @@ it instantiates the call's template, runs 0-d operands of ``ZERO_D_AS_VECTOR`` o
 1-element vectors, casts results to PyTorch's output dtypes and broadcasts them where
 PyTorch broadcasts. ``build_program`` chains the nodes of a post-order into one function of
 the parameters, which ``executor`` hands to ``jax.jit``. ``lower_convert`` and
-``lower_view_scatter`` lower dispatch's own ``lazyxla::convert`` and ``lazyxla::view_scatter``
+``lower_view_scatter`` lower the warm path's own ``lazyxla::convert`` and ``lazyxla::view_scatter``
 nodes.
 
 May touch: nothing; reads the registries only.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..ir import Slot
-from ..runtime import jnp_dtype
+from ..xla import jnp_dtype
 from .registry import ZERO_D_AS_VECTOR
 
 
@@ -109,7 +109,7 @@ def build_program(post, roots, params):
 
 
 # ---------------------------------------------------------------------------------------
-# Internal nodes recorded by dispatch itself.
+# Internal nodes recorded by lazyxla itself (storage writes, conversions).
 def lower_convert(sig, x):
     return x  # the generic output cast does the conversion; shape broadcasts
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..runtime import jnp_dtype
+from ..xla import jnp_dtype
 from .registry import register
 
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..runtime import jnp_dtype
+from ..xla import jnp_dtype
 from .registry import register
 
 
