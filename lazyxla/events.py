@@ -25,10 +25,3 @@ def subscribe(subscriber) -> None:
         if fn is not None and fn not in hooks:
             hooks.append(fn)
 
-
-def unsubscribe(subscriber) -> None:
-    for name, hooks in (("before_compile", BEFORE_COMPILE), ("after_lookup", AFTER_LOOKUP),
-                        ("after_step", AFTER_STEP)):
-        fn = getattr(subscriber, name, None)
-        if fn in hooks:
-            hooks.remove(fn)

@@ -92,6 +92,7 @@ def op_info(func) -> FuncInfo:
         i = _INFO[func] = FuncInfo(func)
     return i
 
+
 SCALAR_TYPES = (int, float, bool)
 
 

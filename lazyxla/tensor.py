@@ -31,7 +31,7 @@ from .executor import read_values
 from .ir import Node, TensorMeta, fmt_where, user_frame
 from .ops import Record, become, decompose, fallback, special_for
 from .signature import SCALAR_TYPES, LazyXlaError, is_special, new_entry, op_info
-from .storage import TensorState, Storage, converted, scalar_value, upload
+from .storage import TensorState, converted, fresh, scalar_value, upload
 
 aten = torch.ops.aten
 _now = metrics.now_ns
@@ -190,10 +190,9 @@ def _record(func, info, args, kwargs, t0=None):
     if kind == "functional":
         if entry.returns == "one":
             m = sig.outs[0]
-            out = LazyTensor(TensorState(Storage((node, 0), m), m))
+            out = LazyTensor(fresh((node, 0), m))
         else:
-            out = _as_returned([LazyTensor(TensorState(Storage((node, i), m), m)) for i, m in enumerate(sig.outs)],
-                               entry.returns)
+            out = _as_returned([LazyTensor(fresh((node, i), m)) for i, m in enumerate(sig.outs)], entry.returns)
         if entry.pattern is not None:
             it = iter(out)
             out = tuple(next(it) if p else None for p in entry.pattern)
