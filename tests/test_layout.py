@@ -95,3 +95,21 @@ def test_import_lazyxla_alone_makes_debug_usable():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["1", "force_ltc_data", "1"]
+
+
+def test_jax_is_the_version_its_internals_were_checked_against():
+    import jax
+    from lazyxla.jax_internals import CHECKED_JAX
+    assert jax.__version__ == CHECKED_JAX, "re-check lazyxla/jax_internals.py against this JAX, then update CHECKED_JAX"
+
+
+def test_a_changed_jax_internal_is_an_error_naming_the_module(monkeypatch):
+    import pytest
+    from jax._src import dispatch as jax_dispatch
+    from lazyxla.jax_internals import JaxInternalsChanged, kept_arguments, tupled_parameters
+    monkeypatch.delattr(jax_dispatch, "should_tuple_args")
+    with pytest.raises(JaxInternalsChanged, match=r"lazyxla\.jax_internals: jax\._src\.dispatch\.should_tuple_args"):
+        with tupled_parameters(True):
+            pass
+    with pytest.raises(JaxInternalsChanged, match=r"lazyxla/jax_internals\.py"):
+        kept_arguments(object(), 3)
