@@ -18,7 +18,7 @@ from . import metrics as _metrics
 from .config import __version__
 from .device import device
 from .execution import ExecutionError
-from .signature import LazyXlaError
+from .errors import LazyXlaError
 from .tensor import LazyTensor
 
 _kernels.register()

@@ -22,7 +22,7 @@ from .config import env_flag
 from .execution import ExecutionError, resolve, run, wait_device_ops  # noqa: F401  (wait_device_ops: API)
 from .graph import Graph
 from .graph_hash import KeyRequest, compute
-from .storage import pending
+from .storage import pending, reads_on_host, view_on_host
 from .xla import download
 
 # R9.2: XLA_ENABLE_PARAM_ALIASING=0 turns buffer donation off (read once).
@@ -138,16 +138,21 @@ def _pending_roots(states, values):
 
 
 def read_values(states) -> list:
-    """R5: the tensors' values on the host, as CPU tensors; pending IR is computed but kept."""
+    """R5: the tensors' values on the host, as CPU tensors; pending IR is computed but kept.
+    A view of device data (after a sync) is its storage's value viewed on the host."""
     metrics.flush_pending(1024)
-    values = [s.value() for s in states]
-    arrays = {s.uid: v[0].data for s, v in zip(states, values) if v[0].data is not None}
-    roots = _pending_roots(states, values)
+    on_host = [reads_on_host(s) for s in states]
+    computed = [s for s, h in zip(states, on_host) if not h]
+    values = [s.value() for s in computed]
+    arrays = {s.uid: v[0].data for s, v in zip(computed, values) if v[0].data is not None}
+    roots = _pending_roots(computed, values)
     if roots:
         graph = Graph([r for _, r in roots])
         prog = lookup(graph, _key(False, roots, graph), "read")
         arrays.update(zip((uid for uid, _ in roots), _run(prog, graph)))
-    return download([resolve(arrays[s.uid]) for s in states], [s.meta.dtype for s in states])
+    hosts = download([resolve(s.storage.data if h else arrays[s.uid]) for s, h in zip(states, on_host)],
+                     [(s.storage.meta if h else s.meta).dtype for s, h in zip(states, on_host)])
+    return [view_on_host(x, s.chain).clone() if h else x for x, s, h in zip(hosts, states, on_host)]
 
 
 def graph_key(states):

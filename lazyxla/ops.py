@@ -27,7 +27,8 @@ from . import lowering, metrics
 from .device import BACKEND, DEVICE, is_lazy
 from .executor import read_values
 from .ir import fmt_where, user_frame
-from .signature import LazyXlaError, check_writable, describe, flat_tensors
+from .errors import LazyXlaError
+from .signature import check_writable, describe, flat_tensors
 from .storage import converted, upload
 
 aten = torch.ops.aten
@@ -236,7 +237,10 @@ def fallback(func, info, args, kwargs):
             for a in lazies:
                 if table[id(a)] is x:
                     return a
-            return upload(x)
+            up = upload(x)
+            if info.view:  # PyTorch's result aliases an input; ours is a copy: writes to it are refused
+                up.copy_of_view = info.name
+            return up
         if isinstance(x, (list, tuple)):
             return type(x)(back(y) for y in x)
         return x

@@ -23,15 +23,12 @@ from torch._ops import OpOverload
 from . import lowering
 from .config import env_flag
 from .device import DEVICE, is_lazy
+from .errors import LazyXlaError
 from .ir import OpSig, Slot, TensorMeta, fmt_where
 from .xla import jnp_dtype
 
 # R1.5: XLA_NO_SPECIAL_SCALARS=1 makes 0, 1 and -1 device data like every other scalar.
 NO_SPECIAL_SCALARS = env_flag("XLA_NO_SPECIAL_SCALARS", False)
-
-
-class LazyXlaError(RuntimeError):
-    """A user error caught while recording an op; names the op and the user's line."""
 
 
 # ---------------------------------------------------------------------------------------

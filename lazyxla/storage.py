@@ -14,7 +14,10 @@ Every lazy tensor (``tensor.LazyTensor``, the torch-facing object) carries one
   a view is scattered into the storage in one step by the chain's index map (``write()``).
 - The arena (R0 "live tensors") holds a weak reference to each state in creation order; a
   sync walks it (``pending()``). A state lives as long as its tensor.
-- Device data: ``upload`` (a host tensor) and ``scalar_value`` (a Python scalar, R1.5).
+- Device data: ``upload`` (a host tensor) and ``scalar_value`` (a Python scalar, R1.5). A
+  view of device data is read by replaying its views on the host copy of the storage
+  (``reads_on_host``, ``view_on_host``): after a sync, every live tensor reads without a
+  program.
 
 May touch: storages and states, the arena, the transfer metrics and the tensor counters.
 Knows nothing about torch ops, compiling or running programs.
@@ -24,9 +27,13 @@ from __future__ import annotations
 import itertools
 import weakref
 
+import torch
+
 from . import metrics
-from .ir import Node, OpSig, Slot, TensorMeta, data_leaf
+from .errors import LazyXlaError
+from .ir import Node, OpSig, Slot, TensorMeta, data_leaf, fmt_where, user_frame
 from .lowering import lower_convert, lower_view_scatter
+from .lowering.program import instantiate
 from .xla import scalar_array, upload as _upload_array
 
 _weakref = weakref.ref
@@ -79,7 +86,7 @@ def _forget(ref):
 class TensorState:
     """One lazy tensor's value: which storage, through which views, with what meta."""
 
-    __slots__ = ("storage", "chain", "ir", "version", "meta", "uid", "__weakref__")
+    __slots__ = ("storage", "chain", "ir", "version", "meta", "uid", "copy_of_view", "__weakref__")
 
     def __init__(self, storage: Storage, meta: TensorMeta, chain=None, ir=None, version=-1):
         self.storage = storage
@@ -88,6 +95,7 @@ class TensorState:
         self.version = version
         self.meta = meta
         self.uid = next(_ids)
+        self.copy_of_view = None  # the view op whose CPU result this is (a copy, not an alias)
         LIVE[_weakref(self, _forget)] = None
         _counters["CreateXlaTensor"] = _counters.get("CreateXlaTensor", 0) + 1
 
@@ -111,10 +119,11 @@ class TensorState:
             return TensorState(self.storage, self.meta)
         return TensorState(self.storage, self.meta, self.chain, self.ir, self.version)
 
-    def view(self, node, sig) -> list:
-        """The states of a view op's outputs: the same storage, one more link in the chain."""
+    def view(self, node, sig, from_storage=False) -> list:
+        """The states of a view op's outputs: the same storage, one more link in the chain
+        (the first link, when the view op addresses the storage itself: as_strided)."""
         st = self.storage
-        base = self.chain or ()
+        base = () if from_storage else (self.chain or ())
         return [TensorState(st, m, base + ((sig, i),), (node, i), st.version) for i, m in enumerate(sig.outs)]
 
     def become(self, other: "TensorState"):
@@ -129,6 +138,10 @@ class TensorState:
         by the index map of the whole view chain: only the elements of this tensor are
         written, even where an outer view repeats elements of the storage (a row of an
         ``expand``ed tensor)."""
+        if self.copy_of_view is not None:
+            raise LazyXlaError(f"{self.copy_of_view}: this tensor is a view that lazyxla computed on the CPU (the op "
+                               f"has no lowering), so it is a copy: a write to it would not reach the tensor it views "
+                               f"(at {fmt_where(user_frame(1))}); write the viewed tensor instead")
         st = self.storage
         chain = self.chain
         if not chain:
@@ -136,12 +149,23 @@ class TensorState:
             return
         ssig = _SCATTER_SIGS.get(chain)
         if ssig is None:
+            _check_scatterable(chain)
             ssig = _SCATTER_SIGS[chain] = OpSig(
                 "lazyxla::view_scatter", chain, lower_view_scatter,
                 ((Slot(0), Slot(1)), (("views", tuple((vsig.hb, i) for vsig, i in chain)),)), (st.meta,))
         st.set_ir((Node(ssig, (st.ir, value), None), 0))
         self.ir = value
         self.version = st.version
+
+
+def _check_scatterable(chain):
+    """A write through a view is scattered by an index map of the storage, which a view that
+    changes the dtype (view_as_real, view(dtype)) cannot carry: refused, never written wrong."""
+    for vsig, i in chain:
+        if vsig.op in ("aten::view_as_real", "aten::view_as_complex", "aten::view.dtype"):
+            raise LazyXlaError(f"{vsig.op}: lazyxla cannot write through a view that changes the dtype "
+                               f"({vsig.outs[i]!r}) at {fmt_where(user_frame(1))}; compute the new value and "
+                               f"assign the viewed tensor")
 
 
 _SCATTER_SIGS: dict = {}
@@ -162,6 +186,65 @@ def converted(value, src_meta: TensorMeta, dst_meta: TensorMeta):
     if sig is None:
         sig = _CONVERT_SIGS[k] = OpSig("lazyxla::convert", None, lower_convert, ((Slot(0),), ()), (dst_meta,))
     return (Node(sig, (value,)), 0)
+
+
+def _slots(x, out):
+    t = type(x)
+    if t is Slot:
+        out.append(x.i)
+    elif t is tuple or t is list:
+        for y in x:
+            _slots(y, out)
+    return out
+
+
+_HOST_VIEWABLE: dict = {}
+
+
+def _replayable(chain) -> bool:
+    """Whether PyTorch can replay the view chain on a host tensor (every link a view op of
+    its one operand)."""
+    ok = _HOST_VIEWABLE.get(chain)
+    if ok is None:
+        ok = _HOST_VIEWABLE[chain] = all(
+            vsig.func is not None and set(_slots(vsig.template, [])) == {0} for vsig, _ in chain)
+    return ok
+
+
+def reads_on_host(state: TensorState) -> bool:
+    """Whether reading the tensor needs no program: a view of a storage that holds device
+    data, through view ops PyTorch can replay on the host copy of that storage."""
+    chain = state.chain
+    return chain is not None and state.storage.data is not None and _replayable(chain)
+
+
+_OFFSETS: dict = {}
+
+
+def storage_offset(state: TensorState):
+    """Where the tensor's first element sits in its storage (PyTorch's ``storage_offset()``),
+    or None when that cannot be said (an empty view, a chain PyTorch cannot replay)."""
+    chain = state.chain
+    if chain is None:
+        return 0
+    meta = state.storage.meta
+    k = (chain, meta)
+    if k not in _OFFSETS:
+        off = None
+        if _replayable(chain) and meta.numel:
+            v = view_on_host(torch.arange(meta.numel).reshape(meta.shape), chain)
+            off = int(v.reshape(-1)[0]) if v.numel() else None
+        _OFFSETS[k] = off
+    return _OFFSETS[k]
+
+
+def view_on_host(host, chain):
+    """The view chain replayed by PyTorch on a host tensor holding the storage's value."""
+    for vsig, i in chain:
+        targs, tkw = vsig.template
+        out = vsig.func(*instantiate(targs, [host]), **{k: instantiate(v, [host]) for k, v in tkw})
+        host = out[i] if isinstance(out, (tuple, list)) else out
+    return host
 
 
 def live_states() -> list:

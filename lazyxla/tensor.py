@@ -28,10 +28,11 @@ import torch
 from . import metrics, rng
 from .device import DEVICE
 from .executor import read_values
-from .ir import Node, TensorMeta, fmt_where, user_frame
+from .ir import Node, OpSig, fmt_where, user_frame
 from .ops import Record, become, decompose, fallback, special_for
-from .signature import SCALAR_TYPES, LazyXlaError, is_special, new_entry, op_info
-from .storage import TensorState, converted, fresh, scalar_value, upload
+from .errors import LazyXlaError
+from .signature import SCALAR_TYPES, is_special, new_entry, op_info
+from .storage import TensorState, converted, fresh, scalar_value, storage_offset, upload
 
 aten = torch.ops.aten
 _now = metrics.now_ns
@@ -155,6 +156,7 @@ def dispatch(func, args, kwargs):
 
 
 _SIGS: dict = {}  # signature key -> signature.Entry
+_AS_STRIDED = aten.as_strided.default
 
 
 def _record(func, info, args, kwargs, t0=None):
@@ -185,8 +187,11 @@ def _record(func, info, args, kwargs, t0=None):
         vals = tuple(ops)
     if info.random:
         vals += (rng.next_seed(),)
-    node = Node(sig, vals, user_frame(3))
     kind = info.kind
+    from_storage = False
+    if func is _AS_STRIDED and kind == "view":
+        sig, vals, from_storage = _as_strided_on_storage(args, kwargs, sig, vals)
+    node = Node(sig, vals, user_frame(3))
     if kind == "functional":
         if entry.returns == "one":
             m = sig.outs[0]
@@ -200,13 +205,46 @@ def _record(func, info, args, kwargs, t0=None):
         out = args[0]
         out._state.write((node, 0))
     elif kind == "view":
-        out = _as_returned([LazyTensor(s) for s in args[0]._state.view(node, sig)], entry.returns)
+        out = _as_returned([LazyTensor(s) for s in args[0]._state.view(node, sig, from_storage)], entry.returns)
     elif kind == "out":
         out = _write_out(node, sig, info, kwargs)
     else:
         raise LazyXlaError(f"{info.name}: mutating op without a lowering at {fmt_where(node.where)}")
     TRACE_NS.append(_now() - t0)
     return out
+
+
+_OFFSET_SIGS: dict = {}
+
+
+def _as_strided_on_storage(args, kwargs, sig, vals):
+    """as_strided addresses the storage, not the view it is called on (PyTorch's semantics):
+    on a view, it is recorded on the storage's value, with the view's own storage offset when
+    the call gives none. Where that offset cannot be known, it stays relative to the view."""
+    src = args[0]._state
+    given = args[3] if len(args) > 3 else (kwargs or {}).get("storage_offset")
+    off = given if given is not None else storage_offset(src)
+    size = args[1] if len(args) > 1 else kwargs["size"]
+    stride = args[2] if len(args) > 2 else kwargs["stride"]
+    if off is not None and all(n > 0 for n in size):
+        need = off + sum((n - 1) * st for n, st in zip(size, stride)) + 1
+        if need > src.storage.meta.numel:
+            raise LazyXlaError(f"aten::as_strided: sizes {list(size)}, strides {list(stride)} and storage offset "
+                               f"{off} need a storage of {need} elements; this tensor's has "
+                               f"{src.storage.meta.numel} at {fmt_where(user_frame(1))}")
+    if src.chain is None or src.storage.meta.dtype != src.meta.dtype:
+        return sig, vals, False
+    if given is None:
+        if off is None:
+            return sig, vals, False
+        k = (sig, off)
+        s = _OFFSET_SIGS.get(k)
+        if s is None:
+            targs, tkw = sig.template
+            s = _OFFSET_SIGS[k] = OpSig(sig.op, sig.func, sig.lower, (targs[:3] + (off,), tkw), sig.outs,
+                                        cdtype=sig.cdtype)
+        sig = s
+    return sig, (src.storage.ir,) + vals[1:], True
 
 
 def _as_returned(tensors, returns):
@@ -235,6 +273,10 @@ def _key_of(func, info, args, kwargs, ops):
     return tuple(key)
 
 
+# Ops that take CPU index tensors with tensors on another device, as PyTorch's advanced
+# indexing does (``x[torch.tensor([0, 2])]``, ``x[idx] = v``).
+_CPU_INDEX_OPS = ("aten::index", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_",
+                  "aten::_unsafe_index", "aten::_unsafe_index_put")
 _PACKED_SEQUENCE_OPS = ("aten::_pack_padded_sequence", "aten::_pad_packed_sequence", "aten::lstm", "aten::gru",
                         "aten::rnn_tanh", "aten::rnn_relu")
 
@@ -252,8 +294,8 @@ def _key_item(a, is_value, ops, info):
         if isinstance(a, LazyTensor):
             ops.append(a._state.value())
             return a._state.meta
-        if a.dim() == 0 and a.device.type == "cpu":
-            up = upload(a)
+        if a.device.type == "cpu" and (a.dim() == 0 or info.name.split(".")[0] in _CPU_INDEX_OPS):
+            up = upload(a)  # a CPU scalar tensor, or CPU indices (PyTorch accepts both)
             ops.append(up.storage.ir)
             return up.meta
         if info.name.split(".")[0] in _PACKED_SEQUENCE_OPS:

@@ -30,6 +30,7 @@ TORCH_TO_JNP = {
     torch.bfloat16: jnp.bfloat16, torch.int64: jnp.int64, torch.int32: jnp.int32,
     torch.int16: jnp.int16, torch.int8: jnp.int8, torch.uint8: jnp.uint8, torch.bool: jnp.bool_,
     torch.complex64: jnp.complex64, torch.complex128: jnp.complex128,
+    torch.complex32: jnp.complex64,  # JAX has no complex32: held as complex64, rounded when read
 }
 
 _device = None
@@ -59,6 +60,9 @@ def _upload(host):
     host = host.detach()
     if host.device.type != "cpu":
         host = host.cpu()
+    host = host.resolve_conj().resolve_neg()  # PyTorch's lazy conjugate/negative bits: their values
+    if host.dtype == torch.complex32:
+        host = host.to(torch.complex64)
     if not host.is_contiguous():
         host = host.contiguous()
     # a copy: the device value must not follow later writes to the host tensor

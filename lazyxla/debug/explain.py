@@ -36,6 +36,7 @@ class RecompileRecord:
     cause: str                 # "sync" or "read"
     where: tuple | None = None  # the user's line behind the first difference, if known
     trace: object = field(default=None, repr=False)
+    sites: tuple = ()          # every merge site that differs from the closest key, in R3's order
 
     @property
     def compile_ms(self) -> float:
@@ -45,7 +46,8 @@ class RecompileRecord:
         head = f"lazyxla recompile #{self.index} ({self.cause}, {self.compile_ms:.1f} ms): key {self.hash[:16]}"
         if self.site is None:
             return head + ": " + self.text
-        return f"{head}: {self.site} changed since key {self.closest[:16]}: {self.text}"
+        changed = ", ".join(self.sites or (self.site,))
+        return f"{head}: {changed} changed since key {self.closest[:16]}: {self.text}"
 
 
 _HISTORY: list = []   # fold traces of every compiled key, oldest first
@@ -78,7 +80,7 @@ def export() -> dict:
                 d["ir"] = _ir_table(st.detail[1])
             steps.append(d)
         keys.append({"hash": tr.hex, "uses": uses, "compile_ms": ns / 1e6, "cause": cause, "steps": steps})
-    recs = [{"index": r.index, "site": r.site, "text": r.text, "hash": r.hash, "closest": r.closest,
+    recs = [{"index": r.index, "site": r.site, "sites": list(r.sites), "text": r.text, "hash": r.hash, "closest": r.closest,
              "compile_ms": r.compile_ms, "where": list(r.where) if r.where else None} for r in _LOG]
     return {"keys": keys, "records": recs, "sites": list(SITES)}
 
@@ -98,19 +100,23 @@ def _ir_table(value):
 
 # ---------------------------------------------------------------------------------------
 def distance(a, b) -> float:
-    """How far two fold traces are: one per differing site; for the tensors, the number of
-    IR nodes that differ in themselves under each root (see _tree_distance), and one per
-    missing or extra root. Ties go to the latest key."""
+    """How far two fold traces are: one per differing site besides the tensors; for the
+    tensors, the number of IR nodes that differ in themselves under each pair of roots (see
+    _tree_distance), and for a root that only one of them has, the size of its IR. So a
+    key of one small root is far from a key of sixty. Ties go to the latest key."""
     da, db = a.by_site(), b.by_site()
     n = 0
     for site in SITES:
-        xa = [s.ingredient for s in da[site]]
-        xb = [s.ingredient for s in db[site]]
         if site == "tensors":
-            n += sum(_root_distance(x, y) for x, y in zip(da[site], db[site])) + abs(len(xa) - len(xb))
-        elif xa != xb:
+            ta, tb = da[site], db[site]
+            n += sum(_root_distance(x, y) for x, y in zip(ta, tb))
+            n += sum(_root_size(x) for x in (ta[len(tb):] if len(ta) > len(tb) else tb[len(ta):]))
+        elif [s.ingredient for s in da[site]] != [s.ingredient for s in db[site]]:
             n += 1
     return n
+
+
+_BUDGET = 400  # nodes looked at per root: an estimate is enough to rank candidates
 
 
 def _root_distance(sa, sb) -> float:
@@ -122,7 +128,22 @@ def _root_distance(sa, sb) -> float:
         (ra, _), (rb, _) = sa.detail[1], sb.detail[1]
     except (TypeError, AttributeError, IndexError):
         return 2
-    return _tree_distance(ra, rb, {}, [400])
+    return _tree_distance(ra, rb, {}, [_BUDGET])
+
+
+def _root_size(step) -> int:
+    """How many IR nodes a root has (up to the budget); 2 for a key from another process."""
+    try:
+        root, _ = step.detail[1]
+    except (TypeError, AttributeError, IndexError):
+        return 2
+    seen, stack = set(), [root]
+    while stack and len(seen) < _BUDGET:
+        node = stack.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(o for o, _ in node.operands)
+    return len(seen)
 
 
 def _tree_distance(a, b, memo, budget) -> int:
@@ -150,12 +171,10 @@ def _tree_distance(a, b, memo, budget) -> int:
     return d
 
 
-def first_site(a, b):
+def differing_sites(a, b) -> list:
+    """Every merge site whose ingredients differ between two traces, in R3's order."""
     da, db = a.by_site(), b.by_site()
-    for site in SITES:
-        if [s.ingredient for s in da[site]] != [s.ingredient for s in db[site]]:
-            return site
-    return None
+    return [site for site in SITES if [s.ingredient for s in da[site]] != [s.ingredient for s in db[site]]]
 
 
 def closest(trace, candidates):
@@ -169,41 +188,65 @@ def closest(trace, candidates):
 
 # ---------------------------------------------------------------------------------------
 def explain(new, old):
-    """(site, text, where) for a new trace against an old one."""
-    site = first_site(new, old)
+    """(sites, text, where) for a new trace against an old one: every differing merge site in
+    R3's order, and what changed at each. Sameness is claimed only of what was compared."""
+    sites = differing_sites(new, old)
+    if not sites:
+        return (), "identical key", None
     dn, do = new.by_site(), old.by_site()
+    alone = len(sites) == 1
+    parts, where = [], None
+    for site in sites:
+        text, w = _site_text(site, dn, do, alone)
+        parts.append(text if alone else f"[{site}] {text}")
+        where = where or w
+    return tuple(sites), " ".join(parts), where
+
+
+def _site_text(site, dn, do, alone):
+    """(what changed at one site, the user's line or None); ``alone``: no other site differs."""
     if site == "force_ltc_data":
-        now = dn[site][0].summary
-        if "false" in now:
-            text = ("the same operations were compiled for a sync before; this is a value read (print, .item(), "
+        read = "false" in dn[site][0].summary
+        if alone and read:
+            return ("the same operations were compiled for a sync before; this is a value read (print, .item(), "
                     ".cpu() of a pending tensor), which has force_ltc_data=false and so its own program. "
-                    "Read values after lazyxla.sync() to reuse the sync's program.")
-        else:
-            text = ("the same operations were compiled for a value read before (force_ltc_data=false); a sync "
-                    "(force_ltc_data=true) compiles its own program. Read values after lazyxla.sync() instead.")
-        return site, text, None
+                    "Read values after lazyxla.sync() to reuse the sync's program."), None
+        if alone:
+            return ("the same operations were compiled for a value read before (force_ltc_data=false); a sync "
+                    "(force_ltc_data=true) compiles its own program. Read values after lazyxla.sync() instead."), None
+        if read:
+            return "this is a value read (force_ltc_data=false); the closest earlier key is a sync's.", None
+        return "this is a sync (force_ltc_data=true); the closest earlier key is a value read's.", None
     if site == "environment":
-        return site, (f"the compilation environment or build revisions changed: now {dn[site][0].summary}; "
-                      f"before {do[site][0].summary}"), None
+        return (f"the compilation environment or build revisions changed: now {dn[site][0].summary}; "
+                f"before {do[site][0].summary}"), None
     if site == "tensors":
-        return ("tensors",) + _explain_tensors(dn["tensors"], do["tensors"])
+        return _explain_tensors(dn["tensors"], do["tensors"])
     if site == "parameters":
-        return site, (f"the same operations, but their inputs are bound differently: "
-                      f"{dn[site][0].summary}, before {do[site][0].summary[len('parameter sequence '):]}. "
-                      "An input used twice, or inputs passed in another order, changes the program."), None
+        head = "the same operations, but their inputs are bound differently" if alone else \
+            "the inputs are bound differently"
+        return (f"{head}: {dn[site][0].summary}, before {do[site][0].summary[len('parameter sequence '):]}."
+                + (" An input used twice, or inputs passed in another order, changes the program." if alone else "")
+                ), None
     if site == "donation":
         now = dn[site][0].summary if dn[site] else "no donated parameters"
         before = do[site][0].summary if do[site] else "no donated parameters"
-        return site, (f"the same graph, but other input buffers are donated: {now}, before {before}. "
-                      "In-place updates of inputs (weights, optimizer state) make their buffers donatable at a "
-                      "sync."), None
-    if site == "sharding":
-        return site, (f"the auto-sharding setting changed: {dn[site][0].summary}, before "
-                      f"{do[site][0].summary}"), None
-    return None, "identical key", None
+        head = "the same graph, but other input buffers are donated" if alone else "other input buffers are donated"
+        return (f"{head}: {now}, before {before}." + (
+            " In-place updates of inputs (weights, optimizer state) make their buffers donatable at a sync."
+            if alone else "")), None
+    return f"the auto-sharding setting changed: {dn[site][0].summary}, before {do[site][0].summary}", None
 
 
 def _explain_tensors(new_steps, old_steps):
+    text, where = _first_tensor_difference(new_steps, old_steps)
+    if len(new_steps) != len(old_steps) and min(len(new_steps), len(old_steps)) and \
+            any(a.ingredient != b.ingredient for a, b in zip(new_steps, old_steps)):
+        text += f" There are {len(new_steps)} pending tensors, before {len(old_steps)}."
+    return text, where
+
+
+def _first_tensor_difference(new_steps, old_steps):
     for i, (a, b) in enumerate(zip(new_steps, old_steps)):
         if a.ingredient != b.ingredient and (a.detail is None or b.detail is None):
             return f"pending tensor #{i + 1} changed: {a.summary}, before {b.summary}.", None
@@ -332,8 +375,9 @@ class Recorder:
         earlier = [t for t in _disk_history() + _HISTORY if t.key != trace.key]
         if earlier:
             old = closest(trace, earlier)
-            site, text, where = explain(trace, old)
-            rec = RecompileRecord(len(_LOG) + 1, site, text, trace.hex, old.hex, prog.compile_ns, cause, where, trace)
+            sites, text, where = explain(trace, old)
+            rec = RecompileRecord(len(_LOG) + 1, sites[0] if sites else None, text, trace.hex, old.hex,
+                                  prog.compile_ns, cause, where, trace, sites)
         else:
             rec = RecompileRecord(1, None, "first compile of the process: no earlier key to compare with",
                                   trace.hex, None, prog.compile_ns, cause, None, trace)

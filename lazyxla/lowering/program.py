@@ -22,12 +22,12 @@ from .registry import ZERO_D_AS_VECTOR
 
 # ---------------------------------------------------------------------------------------
 # The program: post-order -> one JAX function of the parameters.
-def _instantiate(x, vals):
+def instantiate(x, vals):
     t = type(x)
     if t is Slot:
         return vals[x.i]
     if t is tuple:
-        return tuple(_instantiate(y, vals) for y in x)
+        return tuple(instantiate(y, vals) for y in x)
     return x
 
 
@@ -44,8 +44,8 @@ def lower_call(sig, vals):
         # nothing to compute (and some JAX reductions refuse zero-size inputs)
         return tuple(jnp.zeros(m.shape, jnp_dtype(m.dtype)) for m in sig.outs)
     targs, tkw = sig.template
-    args = _instantiate(targs, vals)
-    kwargs = {k: _instantiate(v, vals) for k, v in tkw}
+    args = instantiate(targs, vals)
+    kwargs = {k: instantiate(v, vals) for k, v in tkw}
     as_vector = ZERO_D_AS_VECTOR.get(sig.func)
     if as_vector and getattr(args[0], "ndim", None) == 0:
         args = _as_vectors(args, as_vector)
@@ -125,7 +125,7 @@ def lower_view_scatter(sig, base, src, views=None):
     identity = True
     for vsig, index in sig.func:
         targs, tkw = vsig.template
-        mapped = vsig.lower(vsig, *_instantiate(targs, [idx]), **{k: _instantiate(v, [idx]) for k, v in tkw})
+        mapped = vsig.lower(vsig, *instantiate(targs, [idx]), **{k: instantiate(v, [idx]) for k, v in tkw})
         if isinstance(mapped, (tuple, list)):
             mapped = mapped[index]
         idx = jnp.asarray(mapped)

@@ -108,7 +108,7 @@ def _exponential_(sig, x, lambd=1.0, generator=None, __seed__=None):
 
 @register("native_dropout.default", random=True)
 def _native_dropout(sig, x, p, train, __seed__=None):
-    if not train or p == 0:
+    if train is False or p == 0:  # train=None means training, as in PyTorch
         return x, jnp.ones(x.shape, jnp.bool_)
     keep = jax.random.bernoulli(_key(__seed__), 1.0 - p, x.shape)
     scale = 1.0 / (1.0 - p) if p < 1 else 0.0
