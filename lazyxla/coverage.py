@@ -20,6 +20,7 @@ for ops whose output shape depends on the data), ``error`` (raised, or a wrong v
 
 ``lazyxla coverage [--verify] [--markdown FILE]`` prints the table and the totals;
 ``--markdown`` writes the whole page (``docs/coverage.md`` is this, with ``--verify``).
+``lazyxla coverage --opinfo`` runs whole OpInfos instead (``opinfo_check``, ``docs/opinfo.md``).
 Needs ``expecttest`` for ``--verify`` (PyTorch's OpInfo database imports it). Touches the
 lazy device's counters and compilation cache, and nothing else (the CPU RNG is restored).
 """
@@ -37,7 +38,7 @@ import torch
 from torch._ops import OpOverload
 from torch.utils._pytree import tree_flatten, tree_map
 
-from . import lowering, metrics
+from . import lowering, metrics, opinfo_check
 from .device import device
 from .executor import read_values
 from .ops import SPECIAL
@@ -648,11 +649,15 @@ def add_arguments(p) -> None:
     """The ``lazyxla coverage`` subcommand's options (``lazyxla.cli``)."""
     p.add_argument("--verify", action="store_true",
                    help="run every op on its OpInfo samples and compare with eager CPU (slow)")
-    p.add_argument("--markdown", metavar="FILE", help="also write the page (docs/coverage.md) to FILE")
+    p.add_argument("--markdown", metavar="FILE", help="also write the page (docs/coverage.md, or with "
+                   "--opinfo docs/opinfo.md) to FILE")
+    opinfo_check.add_arguments(p)
 
 
 def run(args) -> int:
     """The ``lazyxla coverage`` subcommand: the table and the totals on stdout."""
+    if getattr(args, "opinfo", False):
+        return opinfo_check.main(args)
     classes = classification()
     verified = None
     if getattr(args, "verify", False):

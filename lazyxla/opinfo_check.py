@@ -1,0 +1,611 @@
+"""The OpInfo figure: PyTorch's OpInfo database run op by op on the lazy device.
+
+Where ``coverage.verify`` checks core ATen ops one by one, this checks the ops a user calls
+(``torch.cumsum``, ``F.conv2d``, ``torch.linalg.solve``, ``x[m]``, ...): every OpInfo of
+``torch.testing._internal.common_methods_invocations.op_db`` that supports float32 on the CPU
+and is not random, on the first ``samples`` (3) of
+``opinfo.sample_inputs("cpu", torch.float32)``, in ``op_db``'s order, seeds fixed.
+
+Not random means none of:
+- the name is a random op (``RANDOM_NAME``, as ``torch.X`` or ``torch.nn.functional.X``:
+  ``rand*``, ``normal``, ``bernoulli``, ``multinomial``, ``uniform``, ``exponential``,
+  ``geometric``, ``cauchy``, ``log_normal``, ``poisson``, the dropouts (``dropout``,
+  ``dropout2d/3d``, ``alpha_dropout``, ``feature_alpha_dropout``), ``rrelu``,
+  ``fractional_max_pool2d/3d``, ``svd_lowrank``, ``pca_lowrank``; not
+  ``signal.windows.exponential``, ``nn.functional.normalize``, ``poisson_nll_loss`` or
+  ``native_dropout_backward``, which are deterministic);
+- ``opinfo.has_nondeterministic_output`` (``empty`` and friends: values unspecified);
+- the eager CPU run of one of its samples reaches an ATen op tagged
+  ``torch.Tag.nondeterministic_seeded`` (a safety net for random ops the names miss).
+Those are listed as excluded and left out of the count.
+
+Per sample: eager on the CPU (a sample eager rejects is skipped), then the same call with
+every tensor moved to ``lazyxla.device()`` (and ``device="cpu"`` arguments pointed at it;
+``CPU_ARGS``: the few tensor arguments PyTorch wants on the CPU on any device stay there),
+the results read back in one ``read_values``, compared with ``torch.testing.assert_close``
+(float32 to rtol 1e-4, atol 1e-5, NaN equal to NaN; where they differ beyond that the lazy
+value must be no farther than eager's from a float64 run: ill-conditioned samples; integers,
+bools and Python scalars exactly), and the ``aten::*`` counters that moved are noted. The
+runner reads through ``read_values``, never ``.item()``, so an ``aten::_local_scalar_dense``
+that moves is a value read the op itself made (``equal``, ``allclose``, a Python-side
+``.item()`` or ``.tolist()``): it counts as falling back to the host.
+
+Per OpInfo the status is ``ok`` (every sample matches, no ``aten::*`` counter moved),
+``fallback`` (matches, but an ``aten::*`` counter moved), ``wrong`` (a value, shape, dtype or
+output count differs), ``error`` (lazyxla raised where eager did not; eager CPU raised only
+because lazyxla is imported (a lazyxla frame or ``torch.lazyxla`` in the error); the op ran
+past its time limit, ``--time-limit``, 60 s) or ``no-sample`` (no sample eager accepts). A
+wrong sample outranks an error, an error a fallback. The first problem is kept. One op never
+stops the run: each sample's failure is caught, and pending IR is synced and garbage collected
+after each OpInfo.
+
+``lazyxla coverage --opinfo [--ops NAME,...] [--samples 3] [--json FILE] [--markdown FILE]``
+prints the table and the totals line; ``docs/opinfo.md`` is its ``--markdown`` page. Needs
+``expecttest`` (PyTorch's OpInfo database imports it). Touches the lazy device's counters,
+compilation cache and seeds; the CPU RNG state is restored.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import gc
+import itertools
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import warnings
+
+import jax
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from . import manual_seed, metrics, sync
+from .device import device
+from .executor import read_values
+from .tensor import LazyTensor
+
+STATUSES = ("ok", "fallback", "wrong", "error", "no-sample")
+
+RANDOM_NAME = re.compile(r"^(nn\.functional\.)?(rand\w*|normal|bernoulli|multinomial|\w*dropout(\dd)?|uniform"
+                         r"|exponential|geometric|cauchy|log_normal|poisson|rrelu|fractional_max_pool\dd"
+                         r"|svd_lowrank|pca_lowrank)$")
+
+# Why an aten::* counter moves: the value-dependent ops stay on the host on purpose.
+VALUE_DEPENDENT = {
+    "aten::nonzero": "output shape is the number of nonzero elements",
+    "aten::argwhere": "output shape is the number of nonzero elements",
+    "aten::masked_select": "output shape is the number of true mask elements",
+    "aten::index": "boolean-mask indexing: output shape is the number of true mask elements",
+    "aten::_unique2": "output shape is the number of distinct values",
+    "aten::unique_dim": "output shape is the number of distinct values",
+    "aten::unique_consecutive": "output shape is the number of runs",
+    "aten::repeat_interleave": "with repeats as a tensor, output shape is the sum of the repeats",
+    "aten::equal": "the result is a Python bool: a value read",
+    "aten::allclose": "the result is a Python bool: a value read",
+    "aten::_local_scalar_dense": "the op reads a value to the host (`.item()`: a Python result, a "
+                                 "size or index given as a tensor, a check on the values)",
+    "aten::item": "the op reads a value to the host (`.item()`)",
+}
+
+# Arguments PyTorch wants on the CPU whatever the device (``args`` positions after the input).
+CPU_ARGS = {"tensor_split": (0,)}
+
+TOLERANCES = {torch.float16: (1e-2, 1e-2), torch.bfloat16: (1.6e-2, 1e-2),
+              torch.float32: (1e-4, 1e-5), torch.complex64: (1e-4, 1e-5)}
+
+
+@dataclasses.dataclass
+class OpResult:
+    name: str
+    status: str  # one of STATUSES
+    samples: int = 0  # samples eager accepted (compared or failed on the lazy device)
+    counters: dict = dataclasses.field(default_factory=dict)  # aten::* counter -> times moved
+    problem: str = ""  # the first problem, if any
+    seconds: float = 0.0
+
+    def record(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class _Random(Exception):
+    """A sample's eager run reached a seeded-random ATen op."""
+
+
+class _Rejected(Exception):
+    """Eager CPU rejects the sample: not a sample."""
+
+
+class _TimeLimit(BaseException):
+    """The op ran past its time limit (a BaseException: the op's own handlers keep out)."""
+
+
+class _SeededWatch(torch.utils._python_dispatch.TorchDispatchMode):
+    """Notes whether an ATen op tagged ``nondeterministic_seeded`` runs."""
+
+    hit = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
+            self.hit = True
+        return func(*args, **(kwargs or {}))
+
+
+def full_name(opinfo) -> str:
+    return opinfo.name + ("." + opinfo.variant_test_name if opinfo.variant_test_name else "")
+
+
+def _op_db():
+    try:
+        from torch.testing._internal.common_methods_invocations import op_db
+    except ImportError as e:  # PyTorch's test helpers need expecttest
+        raise ImportError(f"lazyxla coverage --opinfo needs PyTorch's OpInfo database ({e}); "
+                          "pip install expecttest (lazyxla's test extra)") from e
+    return op_db
+
+
+def select(names=None):
+    """``(opinfos, excluded)``: the float32 CPU OpInfos to run, in ``op_db``'s order, and
+    ``{name: reason}`` for those left out as random (by name or nondeterministic output).
+    ``names``: OpInfo names (``div`` takes every variant, ``div.trunc_rounding`` one)."""
+    chosen, excluded = [], {}
+    want = None if names is None else set(names)
+    for o in _op_db():
+        n = full_name(o)
+        if want is not None and not (o.name in want or n in want):
+            continue
+        try:
+            if torch.float32 not in o.supported_dtypes("cpu"):
+                continue
+        except Exception:
+            continue
+        if RANDOM_NAME.match(o.name):
+            excluded[n] = "random (by name)"
+        elif getattr(o, "has_nondeterministic_output", False):
+            excluded[n] = "nondeterministic output (values unspecified)"
+        else:
+            chosen.append(o)
+    return chosen, excluded
+
+
+# ---------------------------------------------------------------------------------------
+# One sample.
+class _OnCpu:
+    """A tensor argument that stays on the CPU (``CPU_ARGS``)."""
+
+    def __init__(self, t):
+        self.t = t
+
+
+def _clone(x):
+    return x.detach().clone() if isinstance(x, torch.Tensor) else x
+
+
+def _to_lazy(dev):
+    def f(x):
+        if isinstance(x, _OnCpu):
+            return x.t
+        if isinstance(x, torch.Tensor):
+            return x.detach().to(dev)
+        if (isinstance(x, torch.device) and x.type == "cpu") or (isinstance(x, str) and x == "cpu"):
+            return dev
+        return x
+    return f
+
+
+def _upcast(x):
+    if isinstance(x, torch.Tensor):
+        if x.dtype in (torch.float32, torch.float16, torch.bfloat16):
+            return x.detach().double()
+        if x.dtype == torch.complex64:
+            return x.detach().to(torch.complex128)
+        return x.detach().clone()
+    return x
+
+
+def _to_meta(x):
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    if (isinstance(x, torch.device) and x.type == "cpu") or (isinstance(x, str) and x == "cpu"):
+        return torch.device("meta")
+    return x
+
+
+def _outputs(opinfo, inp):
+    """The op's outputs, flattened, on ``inp`` (None if it raises)."""
+    try:
+        return tree_flatten(_call(opinfo, inp))[0]
+    except Exception:
+        return None
+
+
+def _call(opinfo, inp):
+    i, a, k = inp
+    return opinfo(i, *a, **k)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".strip()
+
+
+def _no_worse(g, w, r, rtol, atol) -> bool:
+    """Where lazy and eager differ, lazy is at least as close to the float64 result."""
+    if not isinstance(r, torch.Tensor) or r.shape != w.shape:
+        return False
+    if not (w.dtype.is_floating_point or w.dtype.is_complex):
+        return False
+    r = r.to(torch.complex128 if r.is_complex() else torch.float64)
+    eg, ew = (g.to(r.dtype) - r).abs(), (w.to(r.dtype) - r).abs()
+    ok = (eg <= ew + atol + rtol * r.abs()) | (g.isnan() & r.isnan()) | (g == r)
+    return bool(ok.all())
+
+
+def compare(got, want, rtol, atol, ref64=None, meta=None):
+    """Raises AssertionError naming the first output that differs.
+
+    ``ref64``: the float64 outputs, for ill-conditioned samples; ``meta``: the meta kernel's
+    outputs. A lazy output has the meta kernel's shape, which for a few outputs differs from
+    PyTorch's CPU kernel (batch norm's saved statistics in eval mode): not compared."""
+    gl, _ = tree_flatten(got)
+    wl, _ = tree_flatten(want)
+    if len(gl) != len(wl):
+        raise AssertionError(f"{len(gl)} outputs, eager has {len(wl)}")
+    for i, (g, w) in enumerate(zip(gl, wl)):
+        if isinstance(w, torch.Tensor):
+            if not isinstance(g, torch.Tensor):
+                raise AssertionError(f"output {i}: {type(g).__name__}, eager has a tensor")
+            if g.dtype != w.dtype or tuple(g.shape) != tuple(w.shape):
+                m = meta[i] if meta is not None and i < len(meta) else None
+                if isinstance(m, torch.Tensor) and (m.dtype, tuple(m.shape)) == (g.dtype, tuple(g.shape)):
+                    continue
+                raise AssertionError(f"output {i}: {g.dtype}{list(g.shape)}, eager {w.dtype}{list(w.shape)}")
+            if w.layout != torch.strided or not w.numel():
+                continue
+            exact = not (w.dtype.is_floating_point or w.dtype.is_complex)
+            rt, at = (0.0, 0.0) if exact else (rtol, atol)
+            try:
+                torch.testing.assert_close(g, w, rtol=rt, atol=at, equal_nan=True, check_device=False,
+                                           check_stride=False, check_layout=False,
+                                           msg=lambda m, i=i: f"output {i}: " + "; ".join(
+                                               x.strip() for x in m.splitlines() if x.strip()))
+            except AssertionError:
+                r = ref64[i] if ref64 is not None and i < len(ref64) else None
+                if exact or not _no_worse(g, w, r, rtol, atol):
+                    raise
+        elif isinstance(w, float) and isinstance(g, float) and w != w and g != g:
+            continue
+        elif type(g) is not type(w) or g != w:
+            raise AssertionError(f"output {i}: {g!r}, eager {w!r}")
+
+
+def _tolerances(inp):
+    dts = {t.dtype for t in tree_flatten(inp)[0] if isinstance(t, torch.Tensor)}
+    tols = [TOLERANCES[d] for d in dts if d in TOLERANCES]
+    return max(tols) if tols else TOLERANCES[torch.float32]
+
+
+def _aten_counters():
+    return {n: metrics.counter_value(n) for n in metrics.counter_names() if n.startswith("aten::")}
+
+
+def _moved(before, after):
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
+_PKG = os.path.dirname(os.path.abspath(__file__))
+
+
+def _lazyxla_in(e: BaseException) -> bool:
+    """The exception comes from lazyxla (a frame of the package, or its device module)."""
+    if "_DeviceModule" in str(e) or "lazyxla" in str(e):
+        return True
+    tb = e.__traceback__
+    while tb is not None:
+        f = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if f.startswith(_PKG + os.sep) and f != os.path.abspath(__file__):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def check_sample(opinfo, sample, dev):
+    """``(moved, problem)`` for one sample (``problem`` None if it matches); raises
+    _Rejected if eager rejects the sample, _Random if eager reaches a seeded-random op."""
+    inp = (sample.input, tuple(sample.args), dict(sample.kwargs))
+    keep = CPU_ARGS.get(opinfo.name, ())
+    lazy_args = tuple(_OnCpu(a) if i in keep and isinstance(a, torch.Tensor) else a
+                      for i, a in enumerate(inp[1]))
+    try:  # before eager: an in-place op changes its inputs
+        lazy_inp, moving = tree_map(_to_lazy(dev), (inp[0], lazy_args, inp[2])), None
+    except Exception as e:  # lazyxla's problem if eager accepts the sample
+        lazy_inp, moving = None, "moving the inputs to the device: " + _first_line(e)
+    watch = _SeededWatch()
+    try:
+        with watch:
+            want = _call(opinfo, tree_map(_clone, inp))
+    except Exception as e:
+        if watch.hit:
+            raise _Random()
+        if _lazyxla_in(e):  # eager CPU broken by lazyxla being imported: lazyxla's error
+            return {}, "eager CPU fails with lazyxla imported: " + _first_line(e)
+        raise _Rejected(_first_line(e))
+    if watch.hit:
+        raise _Random()
+    if moving is not None:
+        return {}, moving
+    c0 = _aten_counters()
+    try:
+        got = _call(opinfo, lazy_inp)
+        lazies = [t for t in tree_flatten(got)[0] if isinstance(t, LazyTensor)]
+        hosts = read_values([t._state for t in lazies]) if lazies else []
+    except Exception as e:
+        return _moved(c0, _aten_counters()), _first_line(e)
+    moved = _moved(c0, _aten_counters())
+    table = {id(t): h for t, h in zip(lazies, hosts)}
+    got = tree_map(lambda x: table.get(id(x), x) if isinstance(x, LazyTensor) else x, got)
+    rtol, atol = _tolerances(inp)
+    try:
+        try:
+            compare(got, want, rtol, atol)
+        except AssertionError:
+            compare(got, want, rtol, atol, _outputs(opinfo, tree_map(_upcast, inp)),
+                    _outputs(opinfo, tree_map(_to_meta, inp)))
+    except AssertionError as e:
+        return moved, "wrong: " + (str(e).strip().splitlines() or [""])[0]
+    return moved, None
+
+
+# ---------------------------------------------------------------------------------------
+# One OpInfo.
+class _Alarm:
+    """Raises _TimeLimit in the main thread after ``seconds`` (no-op elsewhere or if 0)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds if threading.current_thread() is threading.main_thread() else 0
+        self.old = None
+
+    def _fire(self, *_):
+        raise _TimeLimit()
+
+    def __enter__(self):
+        if self.seconds and hasattr(signal, "setitimer"):
+            self.old = signal.signal(signal.SIGALRM, self._fire)
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        return self
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.old)
+        return False
+
+
+def check_opinfo(opinfo, samples: int = 3, time_limit: float = 60.0):
+    """The ``OpResult`` of one OpInfo, or ``None`` if a sample turned out to be random."""
+    name = full_name(opinfo)
+    dev = device()
+    t0 = time.monotonic()
+    counters = collections.Counter()
+    problems, wrong, rejected, accepted = [], [], [], 0
+    try:
+        with _Alarm(time_limit), torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(0)
+            manual_seed(0)
+            try:
+                it = opinfo.sample_inputs("cpu", torch.float32, requires_grad=False)
+                batch = list(itertools.islice(it, samples))
+            except Exception as e:
+                return OpResult(name, "no-sample", problem="sample_inputs: " + _first_line(e),
+                                seconds=time.monotonic() - t0)
+            for s in batch:
+                try:
+                    r = check_sample(opinfo, s, dev)
+                except _Random:
+                    return None
+                except _Rejected as e:
+                    rejected.append(str(e))
+                    continue
+                except Exception as e:  # a problem of the runner's own (never of the op)
+                    r = {}, "runner: " + _first_line(e)
+                accepted += 1
+                moved, problem = r
+                counters.update(moved)
+                if problem is not None:
+                    (wrong if problem.startswith("wrong: ") else problems).append(problem)
+    except _TimeLimit:
+        problems.append(f"time limit: over {time_limit:g} s (after {accepted} samples)")
+    finally:
+        try:
+            sync()  # no pending IR piles up from one op to the next
+        except Exception:
+            pass
+        gc.collect()
+    secs = time.monotonic() - t0
+    counters = dict(sorted(counters.items()))
+    if wrong:
+        return OpResult(name, "wrong", accepted, counters, wrong[0][len("wrong: "):], secs)
+    if problems:
+        return OpResult(name, "error", accepted, counters, problems[0], secs)
+    if not accepted:
+        why = f"eager rejects every sample ({rejected[0]})" if rejected else "no samples"
+        return OpResult(name, "no-sample", 0, {}, why, secs)
+    return OpResult(name, "fallback" if counters else "ok", accepted, counters, "", secs)
+
+
+def run(names=None, samples: int = 3, time_limit: float = 60.0, progress=None):
+    """``(results, excluded)``: an ``OpResult`` per OpInfo run, ``{name: reason}`` left out."""
+    opinfos, excluded = select(names)
+    results = []
+    for i, o in enumerate(opinfos):
+        if progress is not None:
+            progress(i, len(opinfos), full_name(o))
+        r = check_opinfo(o, samples, time_limit)
+        if r is None:
+            excluded[full_name(o)] = "random (a sample reaches a nondeterministic_seeded ATen op)"
+        else:
+            results.append(r)
+    return results, dict(sorted(excluded.items()))
+
+
+# ---------------------------------------------------------------------------------------
+# Reports.
+def _sorted(results):
+    return sorted(results, key=lambda r: (STATUSES.index(r.status), r.name))
+
+
+def totals(results) -> dict:
+    c = collections.Counter(r.status for r in results)
+    return {k: c.get(k, 0) for k in STATUSES}
+
+
+def totals_line(results) -> str:
+    c, n = totals(results), len(results)
+    return (f"opinfo: {n} ops, {c['ok']} ok, {c['fallback']} fallback "
+            f"({100 * c['fallback'] / n if n else 0.0:.1f}%), {c['wrong']} wrong, {c['error']} error, "
+            f"{c['no-sample']} no-sample")
+
+
+def _counters_text(counters) -> str:
+    return ", ".join(k + (f" x{v}" if v != 1 else "") for k, v in counters.items())
+
+
+def table(results) -> str:
+    w = max([len(r.name) for r in results] + [6])
+    lines = [f"{'opinfo':<{w}}  {'status':<9}  detail"]
+    for r in _sorted(results):
+        detail = "; ".join(x for x in (_counters_text(r.counters), r.problem) if x)
+        lines.append(f"{r.name:<{w}}  {r.status:<9}  {' '.join(detail.split())[:200]}")
+    return "\n".join(lines)
+
+
+def by_counter(results) -> dict:
+    """``{aten counter: [OpInfo names]}`` for the ops that fell back."""
+    out = collections.defaultdict(list)
+    for r in _sorted(results):
+        if r.status == "fallback":
+            for k in r.counters:
+                out[k].append(r.name)
+    return dict(sorted(out.items(), key=lambda kv: (-len(kv[1]), kv[0])))
+
+
+def to_json(results, excluded, samples, seconds) -> dict:
+    return {"torch": torch.__version__, "jax": jax.__version__, "samples": samples,
+            "seconds": round(seconds, 1), "totals": totals(results), "totals_line": totals_line(results),
+            "excluded": excluded, "ops": [r.record() for r in _sorted(results)]}
+
+
+def _cell(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    if len(text) > limit:
+        text = text[:limit - 1].rstrip() + "…"
+    return text.replace("|", "\\|")
+
+
+_PAGE_INTRO = """\
+# OpInfo coverage
+
+Generated by `lazyxla coverage --opinfo --markdown docs/opinfo.md` ({versions}; {seconds:.0f} s
+on {cpus} cores); regenerate rather than edit. The other engineers' lowerings move this figure:
+it is today's.
+
+Every OpInfo of PyTorch's `op_db` that supports float32 on the CPU and is not random, on its
+first {samples} float32 samples, run on eager CPU and on `lazyxla.device()`, compared
+(`lazyxla/opinfo_check.py` says how). Per OpInfo: *ok* (every sample matches, no `aten::*`
+counter moved), *fallback* (matches, but some `aten::*` counter moved: part of the op ran on the
+CPU, or the op read a value to the host), *wrong* (a value, shape or dtype differs), *error*
+(lazyxla raised where eager did not), *no-sample* (eager rejects every sample).
+
+```
+{totals}
+```
+
+Target (issue 10): at most 5% falling back ({target} of {n}), none wrong, none erroring, and
+what stays on the CPU stays there because its output shape or result depends on the values.
+Today {purpose} of the {fallback} falling back do so only through such ops (the *why* column);
+{other} go through an op that is not lowered yet.
+"""
+
+
+def page(results, excluded, samples, seconds) -> str:
+    fallback = [r for r in results if r.status == "fallback"]
+    purpose = sum(all(k in VALUE_DEPENDENT for k in r.counters) for r in fallback)
+    parts = [_PAGE_INTRO.format(versions=f"PyTorch {torch.__version__}, JAX {jax.__version__}",
+                                seconds=seconds, cpus=os.cpu_count(), samples=samples,
+                                totals=totals_line(results), target=int(0.05 * len(results)),
+                                n=len(results), purpose=purpose, fallback=len(fallback),
+                                other=len(fallback) - purpose)]
+    groups = by_counter(results)
+    parts.append("## Falling back, by the ATen op that moved\n")
+    if groups:
+        parts.append("| aten op | why | OpInfos |\n|---|---|---|")
+        for k, names in groups.items():
+            why = VALUE_DEPENDENT.get(k, "not lowered yet")
+            parts.append(f"| `{k}` | {why} | " + ", ".join(f"`{n}`" for n in names) + " |")
+        parts.append("")
+    else:
+        parts.append("None.\n")
+    bad = [r for r in _sorted(results) if r.status in ("wrong", "error", "no-sample")]
+    parts.append("## Wrong, erroring, no sample\n")
+    if bad:
+        parts.append("| OpInfo | status | first problem |\n|---|---|---|")
+        parts.extend(f"| `{r.name}` | {r.status} | {_cell(r.problem)} |" for r in bad)
+        parts.append("")
+    else:
+        parts.append("None.\n")
+    parts.append("## Excluded (random or nondeterministic)\n")
+    parts.append(", ".join(f"`{n}`" for n in excluded) + "\n" if excluded else "None.\n")
+    parts.append("## All OpInfos\n")
+    parts.append("| OpInfo | status | aten ops that moved | first problem |\n|---|---|---|---|")
+    for r in _sorted(results):
+        parts.append(f"| `{r.name}` | {r.status} | {_cell(_counters_text(r.counters))} | {_cell(r.problem)} |")
+    return "\n".join(parts) + "\n"
+
+
+def add_arguments(p) -> None:
+    """The ``--opinfo`` options of ``lazyxla coverage``."""
+    p.add_argument("--opinfo", action="store_true",
+                   help="run PyTorch's OpInfo database (float32, CPU, not random) on the lazy device "
+                        "and compare with eager CPU; prints the table and the totals line")
+    p.add_argument("--ops", metavar="NAME,...",
+                   help="with --opinfo: only these OpInfos (a name takes all its variants)")
+    p.add_argument("--samples", type=int, default=3, metavar="N",
+                   help="with --opinfo: the first N samples of each OpInfo (default 3)")
+    p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
+                   help="with --opinfo: seconds per OpInfo before it counts as an error (default 60)")
+    p.add_argument("--json", metavar="FILE", help="with --opinfo: write the per-op records to FILE")
+
+
+def main(args) -> int:
+    """``lazyxla coverage --opinfo``: the table and the totals line on stdout."""
+    names = [n.strip() for n in args.ops.split(",") if n.strip()] if getattr(args, "ops", None) else None
+
+    tty = sys.stderr.isatty()
+
+    def progress(i, n, name):
+        if tty:
+            print(f"\r[{i + 1}/{n}] {name:<56}", end="", file=sys.stderr, flush=True)
+        elif i % 50 == 0:
+            print(f"[{i + 1}/{n}] {name} ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    results, excluded = run(names, samples=args.samples, time_limit=args.time_limit, progress=progress)
+    seconds = time.monotonic() - t0
+    if tty:
+        print(file=sys.stderr)
+    print(table(results))
+    if excluded:
+        print(f"excluded as random or nondeterministic ({len(excluded)}): " + ", ".join(excluded))
+    print(f"took {seconds:.0f} s")
+    print(totals_line(results))
+    if getattr(args, "json", None):
+        with open(args.json, "w") as f:
+            json.dump(to_json(results, excluded, args.samples, seconds), f, indent=1)
+            f.write("\n")
+    if getattr(args, "markdown", None):
+        with open(args.markdown, "w") as f:
+            f.write(page(results, excluded, args.samples, seconds))
+    return 0
