@@ -91,3 +91,94 @@ def test_cli_writes_the_table(tmp_path):
     text = out.read_text()
     assert "| `add.Tensor` | lowered |" in text
     assert "core ATen ops:" in text
+
+
+# ---------------------------------------------------------------------------------------
+# lazyxla coverage --opinfo (lazyxla/opinfo_check.py): whole OpInfos on the lazy device.
+TOTALS = (r"^opinfo: (\d+) ops, (\d+) ok, (\d+) fallback \((\d+\.\d)%\), (\d+) wrong, (\d+) error, "
+          r"(\d+) no-sample$")
+
+
+def test_opinfo_runner_classifies_what_a_user_sees():
+    import re
+    from lazyxla import opinfo_check
+    results, excluded = opinfo_check.run(["add", "mm", "nonzero", "equal", "bernoulli"])
+    by = {r.name: r for r in results}
+    assert sorted(by) == ["add", "equal", "mm", "nonzero"]
+    assert excluded == {"bernoulli": "random (by name)"}
+    assert (by["add"].status, by["add"].counters, by["add"].samples) == ("ok", {}, 3)
+    assert by["mm"].status == "ok"
+    # value-dependent: stays on the CPU, with the counters that moved
+    assert by["nonzero"].status == "fallback" and by["nonzero"].counters == {"aten::nonzero": 3}
+    assert by["equal"].status == "fallback" and by["equal"].counters  # a bool: the value goes to the host
+    line = opinfo_check.totals_line(results)
+    assert line == "opinfo: 4 ops, 2 ok, 2 fallback (50.0%), 0 wrong, 0 error, 0 no-sample"
+    assert re.match(TOTALS, line)
+    assert opinfo_check.by_counter(results)["aten::nonzero"] == ["nonzero"]
+
+
+class _FakeOpInfo:
+    """Just enough of an OpInfo for check_opinfo: a name, samples and a call."""
+
+    def __init__(self, name, fn, n=2):
+        self.name, self.variant_test_name, self.fn, self.n = name, "", fn, n
+
+    def sample_inputs(self, device, dtype, requires_grad=False):
+        from torch.testing._internal.opinfo.core import SampleInput
+        return (SampleInput(torch.arange(4.0, dtype=dtype) + i) for i in range(self.n))
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def test_opinfo_runner_wrong_error_no_sample_and_time_limit():
+    import time
+    from lazyxla import opinfo_check
+
+    def differs(x):  # a different value on the lazy device: wrong
+        return x + (1.0 if x.device.type != "cpu" else 0.0)
+
+    def raises(x):  # lazy raises where eager does not: error
+        if x.device.type != "cpu":
+            raise RuntimeError("no lowering")
+        return x
+
+    def rejects(x):  # eager rejects every sample: no-sample
+        raise ValueError("not a sample")
+
+    def slow(x):
+        time.sleep(30)
+        return x
+
+    check = opinfo_check.check_opinfo
+    wrong = check(_FakeOpInfo("differs", differs))
+    assert wrong.status == "wrong" and wrong.problem.startswith("output 0: Tensor-likes are not close"), wrong
+    error = check(_FakeOpInfo("raises", raises))
+    assert (error.status, error.problem, error.samples) == ("error", "RuntimeError: no lowering", 2)
+    assert check(_FakeOpInfo("rejects", rejects)).status == "no-sample"
+    t0 = time.monotonic()
+    timed = check(_FakeOpInfo("slow", slow), time_limit=0.5)
+    assert timed.status == "error" and timed.problem.startswith("time limit: over 0.5 s"), timed
+    assert time.monotonic() - t0 < 5
+    ok = check(_FakeOpInfo("same", lambda x: (x * 2).sum() > 0, n=1))  # a tensor of a bool
+    assert ok.status == "ok"
+    line = opinfo_check.totals_line([wrong, error, ok])
+    assert line == "opinfo: 3 ops, 1 ok, 0 fallback (0.0%), 1 wrong, 1 error, 0 no-sample"
+
+
+def test_cli_opinfo_prints_totals_and_writes_json(tmp_path, capsys):
+    import json
+    import re
+    from lazyxla import cli
+    out = tmp_path / "opinfo.json"
+    page = tmp_path / "opinfo.md"
+    assert cli.main(["coverage", "--opinfo", "--ops", "add,nonzero", "--json", str(out),
+                     "--markdown", str(page)]) == 0
+    stdout = capsys.readouterr().out.splitlines()
+    assert re.match(TOTALS, stdout[-1]), stdout[-1]
+    assert stdout[-1] == "opinfo: 2 ops, 1 ok, 1 fallback (50.0%), 0 wrong, 0 error, 0 no-sample"
+    records = {r["name"]: r for r in json.loads(out.read_text())["ops"]}
+    assert records["nonzero"]["status"] == "fallback"
+    assert records["nonzero"]["counters"] == {"aten::nonzero": 3}
+    assert records["add"] == {**records["add"], "status": "ok", "counters": {}, "problem": ""}
+    assert "| `aten::nonzero` | output shape is the number of nonzero elements | `nonzero` |" in page.read_text()
