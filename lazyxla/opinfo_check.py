@@ -86,9 +86,12 @@ VALUE_DEPENDENT = {
     "aten::repeat_interleave": "with repeats as a tensor, output shape is the sum of the repeats",
     "aten::equal": "the result is a Python bool: a value read",
     "aten::allclose": "the result is a Python bool: a value read",
-    "aten::_local_scalar_dense": "the op reads a value to the host (`.item()`: a Python result, a "
-                                 "size or index given as a tensor, a check on the values)",
-    "aten::item": "the op reads a value to the host (`.item()`)",
+}
+# A value read inside the op or its decomposition (``.item()``): on purpose where the op's
+# result is a Python value or it checks the values (as PyTorch's own code does), not otherwise.
+VALUE_READS = {
+    "aten::_local_scalar_dense": "a value read (`.item()`) in the op or its decomposition",
+    "aten::item": "a value read (`.item()`, or indexing with a 0-dim tensor) in the op or its decomposition",
 }
 
 # Arguments PyTorch wants on the CPU whatever the device (``args`` positions after the input).
@@ -526,25 +529,26 @@ CPU, or the op read a value to the host), *wrong* (a value, shape or dtype diffe
 
 Target (issue 10): at most 5% falling back ({target} of {n}), none wrong, none erroring, and
 what stays on the CPU stays there because its output shape or result depends on the values.
-Today {purpose} of the {fallback} falling back do so only through such ops (the *why* column);
-{other} go through an op that is not lowered yet.
+Of today's {fallback} falling back, {purpose} do so only through such ops, {reads} through a
+value read inside the op (`.item()`: see each), {other} through an op not lowered yet.
 """
 
 
 def page(results, excluded, samples, seconds) -> str:
     fallback = [r for r in results if r.status == "fallback"]
     purpose = sum(all(k in VALUE_DEPENDENT for k in r.counters) for r in fallback)
+    reads = sum(all(k in VALUE_DEPENDENT or k in VALUE_READS for k in r.counters) for r in fallback) - purpose
     parts = [_PAGE_INTRO.format(versions=f"PyTorch {torch.__version__}, JAX {jax.__version__}",
                                 seconds=seconds, cpus=os.cpu_count(), samples=samples,
                                 totals=totals_line(results), target=int(0.05 * len(results)),
-                                n=len(results), purpose=purpose, fallback=len(fallback),
-                                other=len(fallback) - purpose)]
+                                n=len(results), purpose=purpose, reads=reads, fallback=len(fallback),
+                                other=len(fallback) - purpose - reads)]
     groups = by_counter(results)
     parts.append("## Falling back, by the ATen op that moved\n")
     if groups:
         parts.append("| aten op | why | OpInfos |\n|---|---|---|")
         for k, names in groups.items():
-            why = VALUE_DEPENDENT.get(k, "not lowered yet")
+            why = VALUE_DEPENDENT.get(k) or VALUE_READS.get(k, "not lowered yet")
             parts.append(f"| `{k}` | {why} | " + ", ".join(f"`{n}`" for n in names) + " |")
         parts.append("")
     else:
