@@ -162,23 +162,22 @@ class PersistentCache:
         or None (no entry: ``PersistentCacheMiss``; a bad one: ``PersistentCacheDeserializeFailure``,
         deleted unless read-only). A hit counts ``PersistentCacheHit`` and marks the entry used."""
         path = self.entry_path(key)
-        t0 = metrics.now_ns()
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            metrics.counter_inc("PersistentCacheMiss")
-            self._stats["misses"] += 1
-            return None
-        except OSError as e:
-            return self._reject(path, f"cannot read: {e}", t0, delete=False)
-        try:
-            meta, payload = decode_entry(data, self.mac_key)
-            self._check_meta(meta, key, arg_specs, n_outputs)
-            fn = self._deserialize(meta, payload, arg_specs, n_outputs)
-        except _BadEntry as e:
-            return self._reject(path, str(e), t0)
-        metrics.metric_add("PersistentCacheLoad", metrics.now_ns() - t0, "time")
+        if not os.path.lexists(path):
+            return self._miss()
+        with metrics.timed("PersistentCacheLoad"):
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:  # removed since (another process's eviction)
+                return self._miss()
+            except OSError as e:
+                return self._reject(path, f"cannot read: {e}", delete=False)
+            try:
+                meta, payload = decode_entry(data, self.mac_key)
+                self._check_meta(meta, key, arg_specs, n_outputs)
+                fn = self._deserialize(meta, payload, arg_specs, n_outputs)
+            except _BadEntry as e:
+                return self._reject(path, str(e))
         metrics.counter_inc("PersistentCacheHit")
         self._stats["hits"] += 1
         h = bytes(key).hex()
@@ -190,8 +189,12 @@ class PersistentCache:
                 pass
         return fn
 
-    def _reject(self, path, why, t0, delete=True):
-        metrics.metric_add("PersistentCacheLoad", metrics.now_ns() - t0, "time")
+    def _miss(self):
+        metrics.counter_inc("PersistentCacheMiss")
+        self._stats["misses"] += 1
+        return None
+
+    def _reject(self, path, why, delete=True):
         metrics.counter_inc("PersistentCacheDeserializeFailure")
         self._stats["failures"] += 1
         self.last_failure = f"{os.path.basename(path)}: {why}"
