@@ -26,6 +26,7 @@ which never import it.
   ``resample`` (upsampling), ``softmax``, ``loss``, ``layer_norm``, ``embedding`` (and
   embedding bags), ``activation``; ``distance`` (cdist, pdist), ``fft`` (real <-> complex);
   ``complex`` (complex, polar, view_as_real/complex);
+  ``linalg`` (factorizations, solves, inverses, determinants, SVD, eigendecompositions);
   ``amp`` (the gradient scaler's two ops, as decompositions: imported after the table).
 - ``nn_helpers``: helpers the neural-network families share (no lowerings).
 
@@ -41,7 +42,7 @@ from .registry import (DECOMPOSITIONS, LOWERINGS, RANDOM, STATIC_ARGS, ZERO_D_AS
 from .program import build_program, lower_call, lower_convert, lower_node, lower_view_scatter  # noqa: F401
 from . import elementwise, reduce, matmul, shape, indexing, factory, random  # noqa: F401
 from . import conv, pooling, resample, softmax, loss, layer_norm, embedding, activation  # noqa: F401
-from . import distance, fft  # noqa: F401
+from . import distance, fft, linalg  # noqa: F401
 from . import complex  # noqa: F401
 from . import batch_norm  # noqa: F401  (after PyTorch's table: eval returns empty saved statistics)
 from . import amp  # noqa: F401  (after PyTorch's table, which registry loads: the gradient scaler's ops)
