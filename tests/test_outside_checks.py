@@ -168,3 +168,16 @@ def test_explanations_of_a_read_after_a_step_and_the_next_step_are_exact():
     assert step2.closest == step1.hash
     assert step2.site == "tensors" and "force_ltc_data" not in step2.sites
     assert "same operations" not in step2.text and "device_data" in step2.text
+
+
+def test_gather_index_smaller_than_the_input_and_zero_dim_index_ops():
+    src = torch.randn(4, 5, 3)
+    for dim, idx in ((0, torch.randint(0, 4, (2, 3, 2))), (1, torch.randint(0, 5, (3, 2, 1))),
+                     (2, torch.randint(0, 3, (1, 1, 2)))):
+        assert torch.equal(torch.gather(src.to(DEV), dim, idx.to(DEV)).cpu(), torch.gather(src, dim, idx))
+    z = torch.tensor(3.0)
+    for op in (lambda t, d: t.index_copy(0, torch.tensor(0).to(d), torch.tensor(5.0).to(d)),
+               lambda t, d: t.index_add(0, torch.tensor(0).to(d), torch.tensor(5.0).to(d), alpha=2),
+               lambda t, d: t.unfold(0, 1, 1)):
+        got, want = op(z.to(DEV), DEV), op(z, "cpu")
+        assert got.shape == want.shape and torch.equal(got.cpu(), want)

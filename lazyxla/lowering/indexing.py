@@ -30,7 +30,10 @@ def _index(sig, x, indices):
 
 @register("gather.default", zero_d="index")
 def _gather(sig, x, dim, index, sparse_grad=False):
-    return jnp.take_along_axis(x, index, axis=dim % max(x.ndim, 1))
+    d = dim % max(x.ndim, 1)
+    # the index may be smaller than the input in the other dims: PyTorch reads only that corner
+    x = x[tuple(slice(None) if a == d else slice(0, n) for a, n in enumerate(index.shape))]
+    return jnp.take_along_axis(x, index, axis=d)
 
 
 # -- scatter -------------------------------------------------------------------------------
@@ -96,7 +99,7 @@ def _index_put_mask(x, indices, values, accumulate):
     return new.reshape(x.shape)
 
 
-@register("index_add.default")
+@register("index_add.default", zero_d="all")
 def _index_add(sig, x, dim, index, source, alpha=1):
     d = dim % max(x.ndim, 1)
     idx = [slice(None)] * x.ndim
@@ -104,7 +107,7 @@ def _index_add(sig, x, dim, index, source, alpha=1):
     return x.at[tuple(idx)].add((source * alpha).astype(x.dtype))
 
 
-@register("index_copy.default")
+@register("index_copy.default", zero_d="all")
 def _index_copy(sig, x, dim, index, source):
     d = dim % max(x.ndim, 1)
     idx = [slice(None)] * x.ndim

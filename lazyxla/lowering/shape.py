@@ -132,7 +132,7 @@ def _unbind(sig, x, dim=0):
     return tuple(jnp.take(x, i, axis=d) for i in range(x.shape[d]))
 
 
-@register("unfold.default")
+@register("unfold.default", zero_d="input")
 def _unfold(sig, x, dim, size, step):
     d = dim % max(x.ndim, 1)
     n = (x.shape[d] - size) // step + 1
