@@ -63,6 +63,14 @@ class _DeviceModule:
     manual_seed_all = manual_seed
 
     @staticmethod
+    def get_rng_state(device=None):
+        return rng.get_state()
+
+    @staticmethod
+    def set_rng_state(new_state, device=None):
+        rng.set_state(new_state)
+
+    @staticmethod
     def synchronize(device=None):
         wait_device_ops()
 

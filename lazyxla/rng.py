@@ -47,6 +47,17 @@ def mark_step():
     _seed_ir = None
 
 
+def get_state():
+    """The host seed as a CPU uint8 tensor (8 bytes, little-endian): what PyTorch's
+    ``torch.<device>.get_rng_state()`` returns."""
+    return torch.tensor(list(_seed.to_bytes(8, "little")), dtype=torch.uint8)
+
+
+def set_state(state):
+    """Restore a seed saved by ``get_state``."""
+    manual_seed(int.from_bytes(bytes(torch.as_tensor(state, dtype=torch.uint8).tolist()), "little"))
+
+
 def manual_seed(seed: int):
     global _seed, _seed_ir
     _seed = int(seed) & _M64

@@ -290,6 +290,9 @@ def set_donation(state: TensorState, donate: bool) -> bool:
 # Device data.
 def upload(host) -> TensorState:
     """A CPU tensor's value as device data, at once (no IR): a new tensor's state."""
+    if host.layout != torch.strided:
+        raise LazyXlaError(f"lazyxla does not support {host.layout} tensors, only dense ones "
+                           f"(at {fmt_where(user_frame(1))}); use .to_dense()")
     host = host.detach()
     meta = TensorMeta(host.shape, host.dtype)
     return TensorState(Storage.of_data(_upload_array(host), meta), meta)

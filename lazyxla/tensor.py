@@ -298,6 +298,9 @@ def _key_item(a, is_value, ops, info):
             up = upload(a)  # a CPU scalar tensor, or CPU indices (PyTorch accepts both)
             ops.append(up.storage.ir)
             return up.meta
+        if a.layout != torch.strided:
+            raise LazyXlaError(f"{info.name}: lazyxla does not support {a.layout} tensors (only dense ones) at "
+                               f"{fmt_where(user_frame(1))}; use .to_dense()")
         if info.name.split(".")[0] in _PACKED_SEQUENCE_OPS:
             raise LazyXlaError(
                 f"{info.name}: lazyxla does not support packed sequences yet (PyTorch keeps their lengths on "

@@ -181,3 +181,25 @@ def test_gather_index_smaller_than_the_input_and_zero_dim_index_ops():
                lambda t, d: t.unfold(0, 1, 1)):
         got, want = op(z.to(DEV), DEV), op(z, "cpu")
         assert got.shape == want.shape and torch.equal(got.cpu(), want)
+
+
+def test_device_rng_state_round_trips_and_eager_code_that_freezes_it_runs():
+    from torch.testing._internal.common_utils import freeze_rng_state
+    lazyxla.manual_seed(7)
+    state = torch.lazyxla.get_rng_state()
+    with freeze_rng_state():  # PyTorch saves and restores every device's RNG state
+        torch.randn(2)
+    lazyxla.manual_seed(9)
+    torch.lazyxla.set_rng_state(state)
+    assert torch.equal(torch.lazyxla.get_rng_state(), state)
+    a = torch.rand(3, device=DEV).cpu()
+    lazyxla.manual_seed(7)
+    assert torch.equal(torch.rand(3, device=DEV).cpu(), a)
+
+
+def test_complex_broadcasts_and_sparse_inputs_say_what_is_unsupported():
+    a, b = torch.randn(5, 1), torch.randn(5)
+    torch.testing.assert_close(torch.complex(a.to(DEV), b.to(DEV)).cpu(), torch.complex(a, b))
+    torch.testing.assert_close(torch.polar(a.abs().to(DEV), b.to(DEV)).cpu(), torch.polar(a.abs(), b))
+    with pytest.raises(lazyxla.LazyXlaError, match="sparse_coo tensors.*to_dense"):
+        torch.randn(3, 3).to_sparse().to(DEV)

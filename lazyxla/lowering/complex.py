@@ -15,13 +15,13 @@ from .registry import register
 @register("complex.default")
 def _complex(sig, real, imag):
     dt = jnp.finfo(jnp_dtype(sig.outs[0].dtype)).dtype  # the real dtype of the complex result
-    return lax.complex(real.astype(dt), imag.astype(dt))
+    return lax.complex(*jnp.broadcast_arrays(real.astype(dt), imag.astype(dt)))
 
 
 @register("polar.default")
 def _polar(sig, abs_, angle):
     dt = jnp.finfo(jnp_dtype(sig.outs[0].dtype)).dtype
-    a, t = abs_.astype(dt), angle.astype(dt)
+    a, t = jnp.broadcast_arrays(abs_.astype(dt), angle.astype(dt))
     return lax.complex(a * jnp.cos(t), a * jnp.sin(t))
 
 
