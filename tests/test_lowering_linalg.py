@@ -157,6 +157,19 @@ def test_triangular_solves():
                                 torch.triangular_solve(bb, x, unitriangular=True)), x, xb, B, BB)
 
 
+def test_ldl_solve_with_cpu_factors():
+    """The factorization stays on the CPU (linalg_ldl_factor_ex); its LD and pivots, with
+    2x2 blocks, solve on the device."""
+    x = randn(3, 5, 5, seed=26)
+    a = x + x.mT
+    a[0, 0, 0] = 0
+    a[1, :2, :2] = 0  # zeros on the diagonal: 2x2 pivots
+    LD, piv = torch.linalg.ldl_factor(a)
+    assert (piv < 0).any()
+    check(lambda ld, piv, b, bb: (torch.linalg.ldl_solve(ld[1], piv[1], b), torch.linalg.ldl_solve(ld, piv, bb)),
+          LD, piv, randn(5, 3, seed=27), randn(3, 5, 2, seed=28))
+
+
 # ---------------------------------------------------------------------------------------
 # QR and Householder.
 def test_qr_modes():

@@ -24,9 +24,9 @@ Conventions followed (PyTorch's, not JAX's):
 
 Not lowered (they stay CPU fallbacks): ``geqrf`` and ``linalg_lstsq`` have no meta kernel in
 PyTorch, so lazyxla cannot infer their shapes without the values (and lstsq's residuals'
-shape depends on the rank); ``linalg_ldl_factor_ex`` and ``linalg_ldl_solve``: JAX has no
-symmetric-indefinite (Bunch-Kaufman, LAPACK sytrf) factorization, whose packed output
-format PyTorch returns.
+shape depends on the rank); ``linalg_ldl_factor_ex``: JAX has no symmetric-indefinite
+(Bunch-Kaufman, LAPACK sytrf) factorization, whose packed output format PyTorch returns.
+``linalg_ldl_solve`` is lowered: it reads that format (LAPACK's sytrs/hetrs, step by step).
 
 Touches only the registries (``LOWERINGS``; ``DECOMPOSITIONS`` for det and slogdet).
 """
@@ -299,6 +299,78 @@ def cholesky_inverse(sig, L, upper=False):
     eye = jnp.broadcast_to(jnp.eye(n, dtype=L.dtype), L.shape)
     inv = _trsm(L, eye, lower=not upper)
     return _mm(inv, _mH(inv)) if upper else _mm(_mH(inv), inv)
+
+
+def _ldl_solve(LD, piv, B, herm):
+    """LAPACK's sytrs (hetrs if ``herm``), lower: A X = B with A = P L D L^T P^T packed in
+    (LD, 1-based pivots) as sytrf leaves them: ``piv[k] > 0`` a 1x1 block and the swap of
+    rows k and piv[k]; ``piv[k] == piv[k+1] < 0`` a 2x2 block and the swap of k+1 and -piv[k].
+    Batched: each step computes both kinds of block and keeps the one each matrix has."""
+    n = LD.shape[-1]
+    idx = jnp.arange(n)
+    cj = jnp.conj if herm else (lambda z: z)
+    neg = piv < 0
+    # a run of negative pivots is a run of 2x2 blocks: its even positions start one
+    last_pos = lax.cummax(jnp.where(neg, -1, idx), axis=neg.ndim - 1)
+    first = neg & ((idx - last_pos - 1) % 2 == 0)
+
+    def row(B, k):
+        return B[..., k, :]
+
+    def swap(B, i, j):  # rows i (one index) and j (one per matrix)
+        rows = idx[:, None]
+        at_j = rows == j[..., None, None]
+        bi, bj = row(B, i), jnp.sum(jnp.where(at_j, B, 0), axis=-2)
+        return jnp.where(at_j, bi[..., None, :], jnp.where(rows == i, bj[..., None, :], B))
+
+    def below(k, c):  # column c of L below row k
+        return jnp.where(idx > k, LD[..., :, c], 0)
+
+    def pick(one, two, B1, B2, B):
+        return jnp.where(one[..., None, None], B1, jnp.where(two[..., None, None], B2, B))
+
+    def fwd(k, B):  # L D y = P^T b, block by block
+        p = piv[..., k]
+        k1 = jnp.minimum(k + 1, n - 1)
+        B1 = swap(B, k, p - 1)
+        B1 = B1 - below(k, k)[..., :, None] * row(B1, k)[..., None, :]
+        d = jnp.real(LD[..., k, k]) if herm else LD[..., k, k]
+        B1 = B1.at[..., k, :].set(row(B1, k) / d[..., None])
+        B2 = swap(B, k1, jnp.clip(-p - 1, 0, n - 1))
+        B2 = B2 - below(k1, k)[..., :, None] * row(B2, k)[..., None, :] \
+            - below(k1, k1)[..., :, None] * row(B2, k1)[..., None, :]
+        e = LD[..., k1, k]
+        a, c = LD[..., k, k] / cj(e), LD[..., k1, k1] / e
+        denom = (a * c - 1)[..., None]
+        b0, b1 = row(B2, k) / cj(e)[..., None], row(B2, k1) / e[..., None]
+        B2 = B2.at[..., k, :].set((c[..., None] * b0 - b1) / denom).at[..., k1, :].set((a[..., None] * b1 - b0) / denom)
+        return pick(p > 0, first[..., k], B1, B2, B)
+
+    def bwd(t, B):  # P L^T x = y (L^H if herm), from the last row up
+        k = n - 1 - t
+        p = piv[..., k]
+        k0 = jnp.maximum(k - 1, 0)
+
+        def minus(B, r, c):  # row r -= (column c of L below k)^T B
+            return B.at[..., r, :].add(-jnp.sum(cj(below(k, c))[..., :, None] * B, axis=-2))
+        B1 = swap(minus(B, k, k), k, jnp.clip(p - 1, 0, n - 1))
+        B2 = swap(minus(minus(B, k, k), k0, k0), k, jnp.clip(-p - 1, 0, n - 1))
+        return pick(p > 0, neg[..., k] & ~first[..., k], B1, B2, B)
+
+    B = lax.fori_loop(0, n, fwd, B)
+    return lax.fori_loop(0, n, bwd, B)
+
+
+@register("linalg_ldl_solve.default")
+def ldl_solve(sig, LD, pivots, B, *, hermitian=False):
+    """With the factors ``linalg_ldl_factor_ex`` gives (on the CPU: see the module docstring)."""
+    batch = _batch(sig)
+    dt = _dt(sig)
+    LD, B = _to_batch(LD, batch).astype(dt), _to_batch(B, batch).astype(dt)
+    if LD.shape[-1] == 0:
+        return B
+    piv = _to_batch(pivots, batch, 1).astype(jnp.int32)
+    return _ldl_solve(LD, piv, B, hermitian and jnp.iscomplexobj(LD))
 
 
 # ---------------------------------------------------------------------------------------
