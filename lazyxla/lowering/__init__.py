@@ -27,6 +27,7 @@ which never import it.
   embedding bags), ``activation``; ``distance`` (cdist, pdist), ``fft`` (real <-> complex);
   ``complex`` (complex, polar, view_as_real/complex);
   ``linalg`` (factorizations, solves, inverses, determinants, SVD, eigendecompositions);
+  ``selection`` (kthvalue, median, nanmedian, mode: order statistics with PyTorch's CPU tie rules);
   ``amp`` (the gradient scaler's two ops, as decompositions: imported after the table).
 - ``nn_helpers``: helpers the neural-network families share (no lowerings).
 
@@ -43,6 +44,7 @@ from .program import build_program, lower_call, lower_convert, lower_node, lower
 from . import elementwise, reduce, matmul, shape, indexing, factory, random  # noqa: F401
 from . import conv, pooling, resample, softmax, loss, layer_norm, embedding, activation  # noqa: F401
 from . import distance, fft, linalg  # noqa: F401
+from . import selection  # noqa: F401
 from . import complex  # noqa: F401
 from . import batch_norm  # noqa: F401  (after PyTorch's table: eval returns empty saved statistics)
 from . import amp  # noqa: F401  (after PyTorch's table, which registry loads: the gradient scaler's ops)

@@ -1,7 +1,8 @@
 """Indexing with index tensors as JAX functions: index_select, gather, advanced indexing
 (``index.Tensor``), scatter (set, add, legacy reduce), index_put (with integer or boolean
-indices), index_add and index_copy, masked_scatter and scatter_reduce (sum, prod, amax,
-amin, mean).
+indices), index_add and index_copy, masked_scatter, scatter_reduce and index_reduce (sum,
+prod, amax, amin, mean), take and put (flat indices), segment_reduce and its backward,
+nonzero_static.
 
 Every output has a static shape: a boolean index or mask writes through a running count of
 the mask. Ops whose output shape depends on the data (``nonzero``, ``masked_select``,
@@ -10,6 +11,7 @@ the registry.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -169,3 +171,189 @@ def scatter_reduce(sig, x, dim, index, src, reduce, include_self=True):
             return total / count.astype(x.dtype)
         return jnp.floor_divide(total, count.astype(x.dtype))
     raise NotImplementedError(f"aten::scatter_reduce: reduce={reduce!r}")
+
+
+@register("index_reduce.default")
+def index_reduce(sig, x, dim, index, source, reduce, include_self=True):
+    """``x`` with ``source``'s slices reduced into the slices ``index`` names along ``dim``;
+    without ``include_self`` the named slices start from the reduction's identity. A mean
+    divides by the count (floor division for integers, as PyTorch)."""
+    if x.ndim == 0:
+        return index_reduce(sig, x.reshape(1), 0, index.reshape(1), source.reshape(1), reduce,
+                            include_self).reshape(())
+    d = dim % x.ndim
+    xm = jnp.moveaxis(x, d, 0)
+    src = jnp.moveaxis(source, d % max(source.ndim, 1), 0).astype(x.dtype) if source.ndim else \
+        source.reshape(1).astype(x.dtype)
+    identity = {"prod": 1, "mean": 0, "amax": _extreme(x.dtype, False), "amin": _extreme(x.dtype, True)}[reduce]
+    base = xm if include_self else xm.at[index].set(identity)
+    if reduce == "prod":
+        out = base.at[index].multiply(src)
+    elif reduce == "amax":
+        out = base.at[index].max(src)
+    elif reduce == "amin":
+        out = base.at[index].min(src)
+    else:
+        total = base.at[index].add(src)
+        count = jnp.full(xm.shape[:1], 1 if include_self else 0, jnp.int64).at[index].add(1)
+        count = jnp.maximum(count, 1).reshape((-1,) + (1,) * (xm.ndim - 1)).astype(x.dtype)
+        if jnp.issubdtype(x.dtype, jnp.inexact):
+            out = total / count
+        else:
+            out = jnp.floor_divide(total, count)
+    return jnp.moveaxis(out, 0, d)
+
+
+def _flat_index(index, n):
+    return jnp.where(index < 0, index + n, index).reshape(-1)
+
+
+@register("take.default")
+def take(sig, x, index):
+    """Elements of ``x`` by index into its flattened self (negative counts from the end)."""
+    flat = x.reshape(-1)
+    return flat[_flat_index(index, flat.shape[0])].reshape(index.shape)
+
+
+@register("put.default")
+def put(sig, x, index, source, accumulate=False):
+    """``x``'s flattened self with ``source`` written (or added) at ``index``; of repeated
+    indices the last write wins, as PyTorch's CPU kernel writes in order."""
+    flat = x.reshape(-1)
+    n = flat.shape[0]
+    idx = _flat_index(index, n)
+    src = source.reshape(-1).astype(x.dtype)
+    if accumulate:
+        return flat.at[idx].add(src).reshape(x.shape)
+    last = jnp.full((n,), -1, jnp.int64).at[idx].max(jnp.arange(idx.shape[0], dtype=jnp.int64))
+    return jnp.where(last >= 0, src[jnp.maximum(last, 0)], flat).reshape(x.shape)
+
+
+@register("nonzero_static.default")
+def nonzero_static(sig, x, size, fill_value=-1):
+    """The first ``size`` coordinates of nonzero elements in row-major order, the rest
+    ``fill_value``: a static shape (``nonzero`` itself stays on the CPU)."""
+    if x.ndim == 0:
+        return jnp.zeros((size, 0), jnp.int64)
+    coords = jnp.nonzero(x, size=size, fill_value=fill_value)
+    return jnp.stack(coords, axis=1).astype(jnp.int64)
+
+
+# -- segment_reduce ------------------------------------------------------------------------
+# PyTorch reduces along the last dim of ``lengths`` (offsets: one more), whatever ``axis``
+# says; the dims before it are batch dims shared by data and lengths.
+def _segments(data, lengths, offsets):
+    """(axis, data as [B, N, inner], segment of each position [B, N], valid [B, N], segment
+    lengths [B, S])."""
+    seg_spec = lengths if lengths is not None else offsets
+    axis = seg_spec.ndim - 1
+    lead = data.shape[:axis]
+    b = int(np.prod(lead, dtype=np.int64))
+    n = data.shape[axis]
+    d = data.reshape((b, n) + data.shape[axis + 1:])
+    if lengths is not None:
+        ln = lengths.reshape(b, -1).astype(jnp.int64)
+        end = jnp.cumsum(ln, axis=1)
+        start = end - ln
+    else:
+        off = offsets.reshape(b, -1).astype(jnp.int64)
+        start, end = off[:, :-1], off[:, 1:]
+        ln = end - start
+    pos = jnp.arange(n, dtype=jnp.int64)
+    seg = jax.vmap(lambda st: jnp.searchsorted(st, pos, side="right") - 1)(start)
+    segc = jnp.clip(seg, 0, ln.shape[1] - 1)
+    valid = (seg >= 0) & (pos[None, :] < jnp.take_along_axis(end, segc, axis=1))
+    return axis, d, segc, valid, ln
+
+
+def _bcast(m, like):
+    """A [B, N] mask or index broadcast over the inner dims of ``like`` [B, N, ...]."""
+    return m.reshape(m.shape + (1,) * (like.ndim - 2))
+
+
+@register("segment_reduce.default")
+def segment_reduce(sig, data, reduce, lengths=None, indices=None, offsets=None, axis=0, unsafe=False,
+                   initial=None):
+    ax, d, seg, valid, ln = _segments(data, lengths, offsets)
+    s = ln.shape[1]
+    dt = d.dtype
+    ident = {"max": -jnp.inf, "min": jnp.inf, "mean": 0, "sum": 0, "prod": 1}[reduce]
+    init = jnp.asarray(ident if initial is None else initial, dt)
+    v = _bcast(valid, d)
+
+    def per_batch(x, sg, vm):
+        if reduce in ("sum", "mean"):
+            return jax.ops.segment_sum(jnp.where(vm, x, 0), sg, s)
+        if reduce == "prod":
+            return jax.ops.segment_prod(jnp.where(vm, x, 1), sg, s)
+        pick = jax.ops.segment_max if reduce == "max" else jax.ops.segment_min
+        r = pick(jnp.where(vm, x, ident), sg, s)   # NaN-propagating, as PyTorch's loop
+        has_nan = jax.ops.segment_max(vm & jnp.isnan(x), sg, s)
+        return jnp.where(has_nan, jnp.nan, r)
+
+    r = jax.vmap(per_batch)(d, seg, v)
+    lnb = _bcast(ln, r).astype(dt)
+    if reduce in ("sum", "mean"):
+        r = init + r
+    elif reduce == "prod":
+        r = init * r
+    elif reduce == "max":
+        r = jnp.where(jnp.isnan(init), init, jnp.maximum(init, r))
+    else:
+        r = jnp.where(jnp.isnan(init), init, jnp.minimum(init, r))
+    if reduce == "mean":
+        empty = lnb == 0
+        r = jnp.where(empty, jnp.nan if initial is None else r, jnp.where(jnp.isnan(r), r, r / jnp.maximum(lnb, 1)))
+    return r.reshape(data.shape[:ax] + (s,) + data.shape[ax + 1:])
+
+
+@register("_segment_reduce_backward.default")
+def segment_reduce_backward(sig, grad, output, data, reduce, lengths=None, offsets=None, axis=0,
+                            initial=None):
+    """PyTorch's CPU rules: max/min send the gradient to every element equal to the result
+    (and every NaN), dividing the positive ones by their count; prod divides the result by
+    each element, or multiplies the others (and ``initial``) for a zero or NaN element."""
+    ax, d, seg, valid, ln = _segments(data, lengths, offsets)
+    s = ln.shape[1]
+    gb = grad.reshape(d.shape[:1] + (s,) + d.shape[2:])
+    ob = output.reshape(gb.shape)
+    take = lambda t: jax.vmap(lambda a, i: a[i])(t, seg)
+    g, o = take(gb), take(ob)
+    v = _bcast(valid, d)
+    if reduce == "sum":
+        gi = g
+    elif reduce == "mean":
+        gi = g / _bcast(take(ln), d).astype(d.dtype)
+    elif reduce in ("max", "min"):
+        hit = v & (jnp.isnan(d) | (d == o))
+        count = jax.vmap(lambda h, sg: jax.ops.segment_sum(h.astype(jnp.int64), sg, s))(hit, seg)
+        c = take(count).astype(d.dtype)
+        gi = jnp.where(hit, g, 0)
+        gi = jnp.where(hit & (c >= 2) & (gi > 0), gi / jnp.maximum(c, 1), gi)
+    else:
+        init = jnp.asarray(1 if initial is None else initial, d.dtype)
+        x1 = jnp.where(v, d, 1)
+        before = _exclusive(x1, seg, False)
+        after = _exclusive(x1, seg, True)
+        special = jnp.isnan(d) | (d == 0)
+        gi = jnp.where(special, g * (init * before * after), g * o / jnp.where(special, 1, d))
+    gi = jnp.where(v, gi, 0)
+    return gi.reshape(data.shape)
+
+
+def _exclusive(x, seg, reverse):
+    """Per element, the product of the other elements of its segment before it (or after it)."""
+    segb = jnp.broadcast_to(_bcast(seg, x), x.shape)
+
+    def combine(a, b):
+        (sa, pa), (sb, pb) = a, b
+        return sb, jnp.where(sa == sb, pa * pb, pb)
+
+    _, inc = jax.lax.associative_scan(combine, (segb, x), axis=1, reverse=reverse)
+    # inclusive -> exclusive: divide out x itself is unsafe (zeros): shift by one instead
+    shift = (lambda t, fill: jnp.concatenate([t[:, 1:], fill], axis=1)) if reverse else \
+        (lambda t, fill: jnp.concatenate([fill, t[:, :-1]], axis=1))
+    one = jnp.ones_like(x[:, :1])
+    prev = shift(inc, one)
+    prev_seg = shift(segb, jnp.full_like(segb[:, :1], -1))
+    return jnp.where(prev_seg == segb, prev, 1)

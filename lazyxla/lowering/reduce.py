@@ -1,5 +1,6 @@
 """Reductions (sum, mean, prod, max/min, arg-max/min, any/all, var/std, vector norms,
-logsumexp), scans (cumsum, cumprod), sort and top-k as JAX functions.
+logsumexp, hash_tensor), scans (cumsum, cumprod, cummax/cummin with indices,
+logcumsumexp), sort and top-k as JAX functions.
 
 Reductions accumulate in float32 for half types and in int64 for integer sums, as
 PyTorch does; ops taking a dim run a 0-d input as a 1-element vector (``zero_d="input"``).
@@ -176,6 +177,92 @@ def _cumsum(sig, x, dim, dtype=None):
 @register("cumprod.default", zero_d="input")
 def _cumprod(sig, x, dim, dtype=None):
     return jnp.cumprod(_acc(x, _out_dt(sig)), axis=dim % max(x.ndim, 1))
+
+
+def _scan_with_index(x, d, better):
+    """Running extreme along axis d with its index, by PyTorch's CPU rule: a later element
+    replaces the running one when it is NaN, or when neither is NaN and it is ``better``
+    (>= for cummax, <= for cummin: ties take the later index). The rule is associative
+    (a NaN in the later part wins, then one in the earlier part, then the comparison)."""
+    nan = (lambda v: jnp.isnan(v)) if jnp.issubdtype(x.dtype, jnp.inexact) else (lambda v: jnp.zeros(v.shape, bool))
+    shape = [1] * x.ndim
+    shape[d] = x.shape[d]
+    idx = jnp.broadcast_to(jnp.arange(x.shape[d], dtype=jnp.int64).reshape(shape), x.shape)
+
+    def combine(a, b):
+        (va, ia), (vb, ib) = a, b
+        take_b = nan(vb) | (~nan(va) & better(vb, va))
+        return jnp.where(take_b, vb, va), jnp.where(take_b, ib, ia)
+
+    return jax.lax.associative_scan(combine, (x, idx), axis=d)
+
+
+@register("cummax.default", zero_d="input")
+def _cummax(sig, x, dim):
+    return _scan_with_index(x, dim % max(x.ndim, 1), lambda b, a: b >= a)
+
+
+@register("cummin.default", zero_d="input")
+def _cummin(sig, x, dim):
+    return _scan_with_index(x, dim % max(x.ndim, 1), lambda b, a: b <= a)
+
+
+def _log_add_exp(cum, x):
+    """PyTorch's ``_log_add_exp_helper(x, cum)`` (``x`` the new element): log(exp(x) +
+    exp(cum)), NaN propagated, equal infinities kept (inf + inf = inf, -inf + -inf = -inf)."""
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return _log_add_exp_complex(cum, x)
+    lo, hi = jnp.minimum(x, cum), jnp.maximum(x, cum)  # NaN-propagating, as PyTorch's
+    same_inf = (lo == hi) & ~jnp.isfinite(lo)
+    return jnp.where(same_inf, x, jnp.log1p(jnp.exp(lo - hi)) + hi)
+
+
+def _cexp(z):
+    """exp of a complex number with C's exp(inf + 0i) = inf + 0i."""
+    return jnp.where(jnp.imag(z) == 0, jax.lax.complex(jnp.exp(jnp.real(z)), jnp.zeros_like(jnp.real(z))),
+                     jnp.exp(z))
+
+
+def _log_add_exp_complex(cum, x):
+    """The complex case, as PyTorch's: ``lo`` is the one with the smaller real part (``cum``
+    on a tie); a NaN anywhere gives NaN; equal infinite real parts: -inf gives ``lo``, +inf
+    log(exp(lo) + exp(hi)) in complex arithmetic (C's: an infinite part has an infinite log)."""
+    nan_in = (jnp.isnan(jnp.real(cum)) | jnp.isnan(jnp.imag(cum)) | jnp.isnan(jnp.real(x))
+              | jnp.isnan(jnp.imag(x)))
+    x_lo = jnp.real(x) < jnp.real(cum)
+    lo, hi = jnp.where(x_lo, x, cum), jnp.where(x_lo, cum, x)
+    rlo, rhi = jnp.real(lo), jnp.real(hi)
+    nan = jnp.asarray(complex(jnp.nan, jnp.nan), x.dtype)
+    general = jnp.log1p(jnp.exp(lo - hi)) + hi
+    s = _cexp(lo) + _cexp(hi)
+    sr, si = jnp.real(s), jnp.imag(s)
+    plus_inf = jax.lax.complex(jnp.where(jnp.isinf(sr) | jnp.isinf(si), jnp.inf, jnp.nan).astype(sr.dtype),
+                               jnp.arctan2(si, sr))
+    both_inf = jnp.where(rlo < 0, lo, plus_inf)
+    inf_eq = ~jnp.isfinite(rlo) & (rlo == rhi)
+    return jnp.where(nan_in, nan, jnp.where(inf_eq, both_inf, general))
+
+
+@register("logcumsumexp.default", zero_d="input")
+def _logcumsumexp(sig, x, dim):
+    """PyTorch folds from -inf: the first element is log_add_exp(x0, -inf) (which moves
+    only a complex -inf's imaginary part), then an associative scan; complex values are
+    folded in order, as PyTorch does (with infinities the complex rule is not associative)."""
+    d = dim % max(x.ndim, 1)
+    xa = _acc(x, None)
+    if jnp.issubdtype(xa.dtype, jnp.complexfloating):
+        moved = jnp.moveaxis(xa, d, 0)
+        init = jnp.full(moved.shape[1:], -jnp.inf, xa.dtype)
+
+        def step(cum, v):
+            out = _log_add_exp(cum, v)
+            return out, out
+
+        return jnp.moveaxis(jax.lax.scan(step, init, moved)[1], 0, d)
+    first = jax.lax.slice_in_dim(xa, 0, 1, axis=d)
+    first = _log_add_exp(jnp.full(first.shape, -jnp.inf, xa.dtype), first)
+    xa = jax.lax.dynamic_update_slice_in_dim(xa, first, 0, axis=d)
+    return jax.lax.associative_scan(_log_add_exp, xa, axis=d)
 
 
 @register("sort.default", "sort.stable", zero_d="input")
