@@ -157,17 +157,24 @@ def test_triangular_solves():
                                 torch.triangular_solve(bb, x, unitriangular=True)), x, xb, B, BB)
 
 
-def test_ldl_solve_with_cpu_factors():
-    """The factorization stays on the CPU (linalg_ldl_factor_ex); its LD and pivots, with
-    2x2 blocks, solve on the device."""
-    x = randn(3, 5, 5, seed=26)
+def test_ldl_factor_and_solve():
+    """Bunch-Kaufman as LAPACK's sytrf (MKL's, eager's): the same 1x1/2x2 blocks and
+    pivots, info for a singular matrix; the Hermitian variant on a complex matrix."""
+    x = randn(4, 5, 5, seed=26)
     a = x + x.mT
     a[0, 0, 0] = 0
     a[1, :2, :2] = 0  # zeros on the diagonal: 2x2 pivots
-    LD, piv = torch.linalg.ldl_factor(a)
-    assert (piv < 0).any()
-    check(lambda ld, piv, b, bb: (torch.linalg.ldl_solve(ld[1], piv[1], b), torch.linalg.ldl_solve(ld, piv, bb)),
-          LD, piv, randn(5, 3, seed=27), randn(3, 5, 2, seed=28))
+    a[3] = 0          # singular: info 1
+    z = torch.complex(randn(5, 5, seed=29), randn(5, 5, seed=30))
+    h = z + z.mH
+    h[2, 2] = 0
+    def fn(a, h, b, bb):
+        fa, fh = torch.linalg.ldl_factor_ex(a), torch.linalg.ldl_factor_ex(h, hermitian=True)
+        return fa, fh, torch.linalg.ldl_solve(fa.LD[:3], fa.pivots[:3], bb), \
+            torch.linalg.ldl_solve(fh.LD, fh.pivots, b.to(h.dtype), hermitian=True)
+    got, want = check(fn, a, h, randn(5, 3, seed=27), randn(3, 5, 2, seed=28))
+    LD, pivots, info = want[0]
+    assert (pivots < 0).any() and info.tolist() == [0, 0, 0, 1]
 
 
 # ---------------------------------------------------------------------------------------

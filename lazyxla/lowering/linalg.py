@@ -1,6 +1,6 @@
 """Linear algebra with PyTorch's conventions: factorizations (Cholesky, LU, QR, Householder
 products), triangular, LU and Cholesky solves, inverses, determinants (as decompositions),
-SVD, symmetric and general eigendecompositions, pseudo-inverse and matrix exponential.
+SVD, symmetric and general eigendecompositions, LDL, pseudo-inverse and matrix exponential.
 
 Conventions followed (PyTorch's, not JAX's):
 - LU: LAPACK's packed ``LU`` with 1-based int32 ``pivots`` (JAX's are 0-based); ``info`` is
@@ -21,12 +21,14 @@ Conventions followed (PyTorch's, not JAX's):
 - ``check_errors=True`` raises nothing here, as lazyxla's ``_linalg_check_errors`` (which
   ``torch.linalg.cholesky``, ``inv``, ``solve`` call) records nothing: ``info`` is computed.
 - Pivot-free LU (``pivot=False``) and an SVD ``driver`` are refused, as PyTorch's CPU does.
+- LDL (``linalg_ldl_factor_ex``, ``linalg_ldl_solve``): JAX has no symmetric-indefinite
+  factorization, so LAPACK's unblocked Bunch-Kaufman (sytf2/hetf2) and its solve
+  (sytrs/hetrs) are written out here, row by row, giving the same blocks and pivots as the
+  CPU's sytrf and its packed format.
 
 Not lowered (they stay CPU fallbacks): ``geqrf`` and ``linalg_lstsq`` have no meta kernel in
 PyTorch, so lazyxla cannot infer their shapes without the values (and lstsq's residuals'
-shape depends on the rank); ``linalg_ldl_factor_ex``: JAX has no symmetric-indefinite
-(Bunch-Kaufman, LAPACK sytrf) factorization, whose packed output format PyTorch returns.
-``linalg_ldl_solve`` is lowered: it reads that format (LAPACK's sytrs/hetrs, step by step).
+shape depends on the rank).
 
 Touches only the registries (``LOWERINGS``; ``DECOMPOSITIONS`` for det and slogdet).
 """
@@ -299,6 +301,105 @@ def cholesky_inverse(sig, L, upper=False):
     eye = jnp.broadcast_to(jnp.eye(n, dtype=L.dtype), L.shape)
     inv = _trsm(L, eye, lower=not upper)
     return _mm(inv, _mH(inv)) if upper else _mm(_mH(inv), inv)
+
+
+def _ldl_factor(A, herm):
+    """LAPACK's sytf2 (hetf2 if ``herm``), lower: Bunch-Kaufman, A = P L D L^T P^T with 1x1
+    and 2x2 blocks, in sytrf's packed form (which MKL's sytrf gives too). Batched: ``k`` runs
+    over the rows, each matrix picks its pivot and block at ``k`` unless ``k`` is the second
+    row of its last 2x2 block. Magnitudes are LAPACK's: |re| + |im| for complex (|re| on a
+    Hermitian diagonal). The matrix is kept whole, its upper triangle mirroring the lower one,
+    so that the symmetric interchange of rows and columns is a plain swap."""
+    n = A.shape[-1]
+    batch = A.shape[:-2]
+    idx = jnp.arange(n)
+    rows, cols = idx[:, None], idx[None, :]
+    alpha = (1 + 17 ** 0.5) / 8
+    cplx = jnp.iscomplexobj(A)
+    cj = jnp.conj if herm else (lambda z: z)
+    mag = (lambda z: jnp.abs(jnp.real(z)) + jnp.abs(jnp.imag(z))) if cplx else jnp.abs
+    dmag = (lambda z: jnp.abs(jnp.real(z))) if herm else mag
+    real = jnp.real if herm else (lambda z: z)
+    if herm:  # hetf2 makes each diagonal entry real before it is read
+        A = jnp.where(rows == cols, jnp.real(A).astype(A.dtype), A)
+
+    def pick_rows(M, i):  # row i[b] of each matrix
+        return jnp.sum(jnp.where(rows == i[..., None, None], M, 0), axis=-2)
+
+    def pick(v, i):  # v[b, i[b]]
+        return jnp.sum(jnp.where(idx == i[..., None], v, 0), axis=-1)
+
+    def step(k, carry):
+        M, piv, info, skip = carry
+        M0 = M = jnp.where(rows >= cols, M, cj(jnp.swapaxes(M, -1, -2)))  # the upper triangle mirrors the lower
+        col = M[..., :, k]
+        absakk = dmag(M[..., k, k])
+        below = jnp.where(idx > k, mag(col), -1)
+        imax = jnp.argmax(below, axis=-1)
+        colmax = jnp.where(k < n - 1, jnp.max(below, axis=-1), 0)
+        singular = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
+        row_imax = mag(pick_rows(M, imax))  # row imax: columns k..imax-1 are A(imax, j), the rest A(j, imax)
+        rowmax = jnp.max(jnp.where((idx >= k) & (idx != imax[..., None]), row_imax, 0), axis=-1)
+        keep = singular | (absakk >= alpha * colmax) | (absakk >= alpha * colmax * (colmax / rowmax))
+        two = ~keep & ~(dmag(pick(pick_rows(M, imax), imax)) >= alpha * rowmax)
+        kp = jnp.where(keep, k, imax)
+        kk = k + two.astype(kp.dtype)
+        # interchange rows and columns kk and kp of the trailing matrix (rows and columns >= k)
+        at_kk, at_kp = rows == kk[..., None, None], rows == kp[..., None, None]
+        R = jnp.where(at_kk, pick_rows(M, kp)[..., None, :], jnp.where(at_kp, pick_rows(M, kk)[..., None, :], M))
+        Rt = jnp.swapaxes(R, -1, -2)
+        Mp = jnp.where(jnp.swapaxes(at_kk, -1, -2), pick_rows(Rt, kp)[..., :, None],
+                       jnp.where(jnp.swapaxes(at_kp, -1, -2), pick_rows(Rt, kk)[..., :, None], R))
+        trailing = (rows >= k) & (cols >= k)
+        M = jnp.where(trailing, Mp, M)
+        # the update of the trailing matrix
+        ck, ck1 = M[..., :, k], M[..., :, jnp.minimum(k + 1, n - 1)]
+        dkk = real(M[..., k, k])
+        r1 = 1 / dkk
+        x = jnp.where(idx > k, ck, 0)
+        M1 = M + x[..., :, None] * (-r1[..., None] * cj(x))[..., None, :]
+        M1 = jnp.where((rows > k) & (cols > k), M1, M)
+        M1 = jnp.where((cols == k) & (rows > k), (x * r1[..., None])[..., :, None], M1)
+        k1 = jnp.minimum(k + 1, n - 1)
+        e = M[..., k1, k]
+        if herm:
+            d = jnp.abs(e)
+            d11, d22 = jnp.real(M[..., k1, k1]) / d, jnp.real(M[..., k, k]) / d
+            tt = 1 / (d11 * d22 - 1)
+            d21 = e / d
+            d = tt / d
+            wk = d[..., None] * (d11[..., None] * ck - d21[..., None] * ck1)
+            wk1 = d[..., None] * (d22[..., None] * ck1 - jnp.conj(d21)[..., None] * ck)
+        else:
+            d11, d22 = M[..., k1, k1] / e, M[..., k, k] / e
+            d21 = (1 / (d11 * d22 - 1)) / e
+            wk = d21[..., None] * (d11[..., None] * ck - ck1)
+            wk1 = d21[..., None] * (d22[..., None] * ck1 - ck)
+        M2 = M - ck[..., :, None] * cj(wk)[..., None, :] - ck1[..., :, None] * cj(wk1)[..., None, :]
+        M2 = jnp.where((rows > k1) & (cols > k1), M2, M)
+        M2 = jnp.where((cols == k) & (rows > k1), wk[..., :, None], M2)
+        M2 = jnp.where((cols == k1) & (rows > k1), wk1[..., :, None], M2)
+        new = jnp.where(two[..., None, None], M2, jnp.where(singular[..., None, None], M, M1))
+        if herm:
+            new = jnp.where(rows == cols, jnp.real(new).astype(new.dtype), new)
+        p1 = (kp + 1).astype(jnp.int32)
+        newpiv = jnp.where(idx == k, jnp.where(two, -p1, p1)[..., None], piv)
+        newpiv = jnp.where((idx == k + 1) & two[..., None], -p1[..., None], newpiv)
+        newinfo = jnp.where(singular & (info == 0), k + 1, info).astype(jnp.int32)
+        s = skip[..., None, None]
+        return (jnp.where(s, M0, new), jnp.where(skip[..., None], piv, newpiv), jnp.where(skip, info, newinfo),
+                ~skip & two)
+
+    init = (A, jnp.zeros(batch + (n,), jnp.int32), jnp.zeros(batch, jnp.int32), jnp.zeros(batch, bool))
+    M, piv, info, _ = lax.fori_loop(0, n, step, init)
+    return jnp.tril(M), piv, info
+
+
+@register("linalg_ldl_factor_ex.default")
+def ldl_factor_ex(sig, A, *, hermitian=False, check_errors=False):
+    if A.shape[-1] == 0:
+        return A, jnp.zeros(A.shape[:-1], jnp.int32), jnp.zeros(A.shape[:-2], jnp.int32)
+    return _ldl_factor(A, hermitian and jnp.iscomplexobj(A))
 
 
 def _ldl_solve(LD, piv, B, herm):
