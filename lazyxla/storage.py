@@ -34,7 +34,7 @@ from .errors import LazyXlaError
 from .ir import Node, OpSig, Slot, TensorMeta, data_leaf, fmt_where, user_frame
 from .lowering import lower_convert, lower_view_scatter
 from .lowering.program import instantiate
-from .xla import scalar_array, upload as _upload_array
+from .xla import TORCH_TO_JNP, scalar_array, upload as _upload_array
 
 _weakref = weakref.ref
 _counters = metrics.COUNTERS
@@ -290,6 +290,8 @@ def set_donation(state: TensorState, donate: bool) -> bool:
 # Device data.
 def upload(host) -> TensorState:
     """A CPU tensor's value as device data, at once (no IR): a new tensor's state."""
+    if host.dtype not in TORCH_TO_JNP:
+        raise LazyXlaError(f"lazyxla does not support dtype {host.dtype} (at {fmt_where(user_frame(1))})")
     if host.layout != torch.strided:
         raise LazyXlaError(f"lazyxla does not support {host.layout} tensors, only dense ones "
                            f"(at {fmt_where(user_frame(1))}); use .to_dense()")

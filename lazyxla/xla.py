@@ -31,6 +31,7 @@ TORCH_TO_JNP = {
     torch.int16: jnp.int16, torch.int8: jnp.int8, torch.uint8: jnp.uint8, torch.bool: jnp.bool_,
     torch.complex64: jnp.complex64, torch.complex128: jnp.complex128,
     torch.complex32: jnp.complex64,  # JAX has no complex32: held as complex64, rounded when read
+    torch.uint16: jnp.uint16, torch.uint32: jnp.uint32, torch.uint64: jnp.uint64,
 }
 
 _device = None
