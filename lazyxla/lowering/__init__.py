@@ -25,6 +25,7 @@ which never import it.
   ops, dropout); neural-network ops with their backward: ``conv``, ``pooling``,
   ``resample`` (upsampling), ``softmax``, ``loss``, ``layer_norm``, ``embedding`` (and
   embedding bags), ``activation``; ``distance`` (cdist, pdist), ``fft`` (real <-> complex);
+  ``special`` (special functions: Bessel, zeta/polygamma, igamma, the orthogonal polynomials);
   ``complex`` (complex, polar, view_as_real/complex);
   ``linalg`` (factorizations, solves, inverses, determinants, SVD, eigendecompositions);
   ``selection`` (kthvalue, median, nanmedian, mode: order statistics with PyTorch's CPU tie rules);
@@ -46,5 +47,6 @@ from . import conv, pooling, resample, softmax, loss, layer_norm, embedding, act
 from . import distance, fft, linalg  # noqa: F401
 from . import selection  # noqa: F401
 from . import complex  # noqa: F401
+from . import special  # noqa: F401
 from . import batch_norm  # noqa: F401  (after PyTorch's table: eval returns empty saved statistics)
 from . import amp  # noqa: F401  (after PyTorch's table, which registry loads: the gradient scaler's ops)

@@ -54,8 +54,8 @@ for _name, _f in {
     "log2": jnp.log2, "log10": jnp.log10, "exp2": jnp.exp2, "asin": jnp.arcsin, "acos": jnp.arccos,
     "atan": jnp.arctan, "sinh": jnp.sinh, "cosh": jnp.cosh, "asinh": jnp.arcsinh, "acosh": jnp.arccosh,
     "atanh": jnp.arctanh, "reciprocal": lambda x: 1 / x, "lgamma": jax.scipy.special.gammaln,
-    "digamma": jax.scipy.special.digamma, "erfc": jax.scipy.special.erfc,
-}.items():
+    "erfc": jax.scipy.special.erfc,
+}.items():  # digamma: in special.py, with polygamma
     register(f"{_name}.default")(_unary_float(_f))
 
 
