@@ -1,7 +1,10 @@
 """Elementwise ATen ops (unary, binary, ternary, comparisons) as JAX functions.
 
 Inputs are cast to PyTorch's promoted dtype (``sig.cdtype``) before computing, so integer
-and mixed-dtype arithmetic follows PyTorch's type promotion. Touches only the registry.
+and mixed-dtype arithmetic follows PyTorch's type promotion. float16/bfloat16 math runs in
+float32 and is rounded once, as PyTorch's CPU kernels do (where a PyTorch kernel rounds to
+the half type after each operation, as logit and xlogy do, so does the lowering). Touches
+only the registry.
 """
 from __future__ import annotations
 
@@ -41,9 +44,32 @@ def _float_dt(sig):
     return jnp_dtype(dt)
 
 
-def _unary_float(f):
+_HALF = (jnp.float16, jnp.bfloat16)
+
+
+def _math(dt):
+    """PyTorch's CPU kernels compute float16/bfloat16 math in float32 and round the result once
+    (lower_call casts it back to the output dtype)."""
+    return jnp.float32 if dt in _HALF else dt
+
+
+def _asin(x):
+    """asin; x itself where asin(x) rounds to x (XLA's float32 asin gives 0 for the
+    smallest normal numbers)."""
+    small = 2.0 ** (-12 if x.dtype == jnp.float32 else -26)
+    return jnp.where(jnp.abs(x) < small, x, jnp.arcsin(x))
+
+
+def _unary_float(f, wide=False):
+    """A float unary op; integers become PyTorch's float dtype. ``wide``: half types go
+    through float64 and are rounded to float32 first (XLA's float32 lgamma and erfinv are
+    several steps off near their zeros, where PyTorch's float32 kernels are not)."""
     def lower(sig, x, *rest, **kw):
-        return f(_c(x, _float_dt(sig)))
+        dt = _float_dt(sig)
+        x = _c(x, dt)
+        if wide and dt in _HALF:
+            return f(_c(x, jnp.float64)).astype(jnp.float32)
+        return f(_c(x, _math(dt)))
     return lower
 
 
@@ -51,12 +77,22 @@ for _name, _f in {
     "exp": jnp.exp, "log": jnp.log, "log1p": jnp.log1p, "expm1": jnp.expm1, "sqrt": jnp.sqrt,
     "rsqrt": jax.lax.rsqrt, "sin": jnp.sin, "cos": jnp.cos, "tan": jnp.tan, "tanh": jnp.tanh,
     "sigmoid": jax.nn.sigmoid, "erf": jax.scipy.special.erf, "erfinv": jax.scipy.special.erfinv,
-    "log2": jnp.log2, "log10": jnp.log10, "exp2": jnp.exp2, "asin": jnp.arcsin, "acos": jnp.arccos,
+    "log2": jnp.log2, "log10": jnp.log10, "exp2": jnp.exp2, "asin": _asin, "acos": jnp.arccos,
     "atan": jnp.arctan, "sinh": jnp.sinh, "cosh": jnp.cosh, "asinh": jnp.arcsinh, "acosh": jnp.arccosh,
     "atanh": jnp.arctanh, "reciprocal": lambda x: 1 / x, "lgamma": jax.scipy.special.gammaln,
     "erfc": jax.scipy.special.erfc,
 }.items():  # digamma: in special.py, with polygamma
-    register(f"{_name}.default")(_unary_float(_f))
+    register(f"{_name}.default")(_unary_float(_f, wide=_name in ("lgamma", "erfinv")))
+
+
+def _sign(x):
+    """PyTorch's sign: (0 < x) - (x < 0), so nan gives 0 and -0. gives 0.; bool stays bool;
+    complex (sgn): x / |x|."""
+    if x.dtype == jnp.bool_ or jnp.iscomplexobj(x):
+        return x if x.dtype == jnp.bool_ else jnp.sign(x)
+    if jnp.issubdtype(x.dtype, jnp.unsignedinteger):
+        return (x > 0).astype(x.dtype)
+    return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
 
 
 def _unary_same(f):
@@ -66,11 +102,11 @@ def _unary_same(f):
 
 
 for _name, _f in {
-    "neg": jnp.negative, "abs": jnp.abs, "sign": jnp.sign, "floor": jnp.floor, "ceil": jnp.ceil,
+    "neg": jnp.negative, "abs": jnp.abs, "sign": _sign, "floor": jnp.floor, "ceil": jnp.ceil,
     "trunc": jnp.trunc, "frac": lambda x: x - jnp.trunc(x), "relu": lambda x: jnp.maximum(x, jnp.zeros((), x.dtype)),
     "bitwise_not": lambda x: jnp.logical_not(x) if x.dtype == jnp.bool_ else jnp.bitwise_not(x),
     "logical_not": jnp.logical_not, "isnan": jnp.isnan, "isinf": jnp.isinf, "isfinite": jnp.isfinite,
-    "sgn": jnp.sign, "square": jnp.square,
+    "sgn": _sign, "square": jnp.square,
 }.items():
     register(f"{_name}.default")(_unary_same(_f))
 
@@ -80,9 +116,24 @@ def _round(sig, x):
     return jnp.round(x)
 
 
+def _exact_div(a, d):
+    """a / d for a constant d as a true division: XLA turns a division by a constant into a
+    multiplication by its (rounded) reciprocal. A divisor that depends on ``a`` (nan where
+    ``a`` is, which the quotient is anyway) keeps it a division."""
+    return a / jnp.where(a != a, a, jnp.asarray(d, a.dtype))
+
+
 @register("round.decimals")
 def _round_dec(sig, x, decimals=0):
-    return jnp.round(x, decimals)
+    """PyTorch's rule: nearbyint(x * 10^d) / 10^d, or nearbyint(x / 10^-d) * 10^-d for d < 0,
+    in float32 for half types."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return x
+    x = _c(x, _math(x.dtype))
+    p = float(10 ** abs(decimals))
+    if decimals < 0:
+        return jnp.round(_exact_div(x, p)) * p
+    return _exact_div(jnp.round(x * p), p)
 
 
 # -- binary arithmetic ---------------------------------------------------------------------
@@ -140,8 +191,7 @@ def _rounded_div(a, b, mode, dt):
     a, b = _c(a, dt), _c(b, dt)
     if jnp.issubdtype(dt, jnp.integer):
         if mode == "trunc":
-            q = jax.lax.div(a, b)  # C semantics: truncation
-            return q
+            return jax.lax.div(*jnp.broadcast_arrays(a, b))  # C semantics: truncation
         return jnp.floor_divide(a, b)
     q = a / b
     return jnp.trunc(q) if mode == "trunc" else jnp.floor(q)
@@ -161,7 +211,9 @@ def _floordiv(sig, a, b):
 def _remainder(sig, a, b):
     dt = _cd(sig)
     a, b = _c(a, dt), _c(b, dt)
-    return a - jnp.floor_divide(a, b) * b if jnp.issubdtype(dt, jnp.integer) else jnp.remainder(a, b)
+    if jnp.issubdtype(dt, jnp.integer):
+        return a - jnp.floor_divide(a, b) * b
+    return jnp.remainder(_c(a, _math(dt)), _c(b, _math(dt)))
 
 
 @register("fmod.Tensor", "fmod.Scalar")
@@ -179,7 +231,7 @@ def _pow(sig, a, b):
                 raise ValueError("aten::pow: Integers to negative integer powers are not allowed.")
             return jax.lax.integer_pow(_c(a, dt), b)
         return _int_pow(_c(a, dt), _c(b, dt))
-    return jnp.power(_c(a, dt), _c(b, dt))
+    return jnp.power(_c(a, _math(dt)), _c(b, _math(dt)))
 
 
 def _int_pow(a, b):
@@ -225,8 +277,14 @@ for _ops, _f in [
       "bitwise_right_shift.Tensor_Scalar"), jnp.right_shift),
 ]:
     register(*_ops)(_binary(_f))
-register("atan2.default")(_binary(jnp.arctan2, _float_dt))
-register("hypot.default")(_binary(jnp.hypot, _float_dt))
+
+
+def _float_math(sig):
+    return _math(_float_dt(sig))
+
+
+register("atan2.default")(_binary(jnp.arctan2, _float_math))
+register("hypot.default")(_binary(jnp.hypot, _float_math))
 
 
 # -- comparisons ---------------------------------------------------------------------------
@@ -317,13 +375,25 @@ def _nan_to_num(sig, x, nan=None, posinf=None, neginf=None):
 
 @register("logit.default")
 def _logit(sig, x, eps=None):
-    x = _c(x, _float_dt(sig))
+    """log(x / (1 - x)), x clamped to [eps, 1 - eps] first (eps and 1 - eps in the input
+    dtype). PyTorch's half kernel rounds to the half type after each operation."""
+    dt = _float_dt(sig)
+    x = _c(x, dt)
+    r = (lambda v: v.astype(dt).astype(jnp.float32)) if dt in _HALF else (lambda v: v)
+    x = r(x)
     if eps is not None:
-        x = jnp.clip(x, eps, 1 - eps)
-    return jnp.log(x / (1 - x))
+        lo = r(jnp.asarray(eps, dt))
+        hi = r(1 - lo)
+        x = jnp.where(x < lo, lo, jnp.where(x > hi, hi, x))
+    return jnp.log(r(x / r(1 - x)))
 
 
 @register("xlogy.Tensor")
 def _xlogy(sig, x, y):
+    """x * log(y), 0 where x == 0, nan where y is; PyTorch's half kernel rounds log(y) to the
+    half type before the product."""
     dt = _float_dt(sig)
-    return jax.scipy.special.xlogy(_c(x, dt), _c(y, dt))
+    x, y = _c(_c(x, dt), _math(dt)), _c(_c(y, dt), _math(dt))
+    lg = jnp.log(y).astype(dt).astype(_math(dt)) if dt in _HALF else jnp.log(y)
+    r = jnp.where(x == 0, jnp.zeros((), x.dtype), x * lg)
+    return jnp.where(jnp.isnan(y), y, r)
