@@ -1,4 +1,5 @@
-"""Elementwise ATen ops (unary, binary, ternary, comparisons) as JAX functions.
+"""Elementwise ATen ops (unary, binary, ternary, comparisons; sign bits, gcd/lcm, sorted
+search, isin, histc) as JAX functions.
 
 Inputs are cast to PyTorch's promoted dtype (``sig.cdtype``) before computing, so integer
 and mixed-dtype arithmetic follows PyTorch's type promotion. float16/bfloat16 math runs in
@@ -397,3 +398,153 @@ def _xlogy(sig, x, y):
     lg = jnp.log(y).astype(dt).astype(_math(dt)) if dt in _HALF else jnp.log(y)
     r = jnp.where(x == 0, jnp.zeros((), x.dtype), x * lg)
     return jnp.where(jnp.isnan(y), y, r)
+
+
+# -- sign bits, neighbours, exponents --------------------------------------------------------
+@register("signbit.default")
+def _signbit(sig, x):
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        return jnp.signbit(x)
+    return x < 0 if jnp.issubdtype(x.dtype, jnp.signedinteger) else jnp.zeros(x.shape, bool)
+
+
+@register("copysign.Tensor", "copysign.Scalar")
+def _copysign(sig, a, b):
+    dt = _float_dt(sig)
+    return jnp.copysign(_c(a, dt), _c(b, dt))
+
+
+@register("fmax.default")
+def _fmax(sig, a, b):
+    dt = _cd(sig)
+    return jnp.fmax(_c(a, dt), _c(b, dt))
+
+
+@register("fmin.default")
+def _fmin(sig, a, b):
+    dt = _cd(sig)
+    return jnp.fmin(_c(a, dt), _c(b, dt))
+
+
+@register("nextafter.default")
+def _nextafter(sig, a, b):
+    dt = _cd(sig)
+    return jnp.nextafter(_c(a, dt), _c(b, dt))
+
+
+@register("frexp.Tensor")
+def _frexp(sig, x):
+    m, e = jnp.frexp(x)
+    finite = jnp.isfinite(x)
+    return m, jnp.where(finite, e, 0).astype(jnp.int32)  # inf and nan: exponent 0, as in C
+
+
+@register("angle.default")
+def _angle(sig, x):
+    if jnp.iscomplexobj(x):
+        return jnp.angle(x)
+    dt = _float_dt(sig)
+    x = _c(x, dt)
+    # real: pi for negatives, 0 otherwise (-0 included), nan stays nan
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.asarray(jnp.pi, dt), jnp.zeros((), dt)))
+
+
+@register("gcd.default")
+def _gcd(sig, a, b):
+    dt = _cd(sig)
+    return jnp.gcd(_c(a, dt), _c(b, dt))
+
+
+@register("lcm.default")
+def _lcm(sig, a, b):
+    """PyTorch's |a / gcd(a, b) * b| (wrapping as PyTorch's does), 0 when gcd is 0."""
+    dt = _cd(sig)
+    a, b = _c(a, dt), _c(b, dt)
+    g = jnp.gcd(a, b)
+    safe = jnp.where(g == 0, jnp.ones_like(g), g)
+    return jnp.where(g == 0, jnp.zeros_like(g), jnp.abs(jax.lax.div(a, safe) * b))
+
+
+# -- membership, sorted search, histograms -------------------------------------------------
+def _binary_search(seq, vals, right):
+    """PyTorch's binary search, per row of ``seq`` (..., N) for ``vals`` (..., M) with the same
+    leading dimensions (or a 1-d ``seq`` for any ``vals``): the first index whose element is
+    not below the value (``right``: not below or equal), by PyTorch's comparisons
+    ``!(mid >= val)`` / ``!(mid > val)``, so nans land where PyTorch puts them."""
+    n = seq.shape[-1]
+    if n == 0:
+        return jnp.zeros(vals.shape, jnp.int64)
+    rows = seq.reshape(-1, n)
+    flat = vals.reshape(rows.shape[0], -1)
+    lo = jnp.zeros(flat.shape, jnp.int64)
+    hi = jnp.full(flat.shape, n, jnp.int64)
+    for _ in range(n.bit_length()):
+        active = lo < hi
+        mid = lo + ((hi - lo) >> 1)
+        m = jnp.take_along_axis(rows, jnp.minimum(mid, n - 1), axis=1)
+        go_right = ~(m > flat) if right else ~(m >= flat)
+        lo = jnp.where(active & go_right, mid + 1, lo)
+        hi = jnp.where(active & ~go_right, mid, hi)
+    return lo.reshape(vals.shape)
+
+
+def _search_dtype(sig):
+    return _cd(sig) or jnp.float32
+
+
+@register("searchsorted.Tensor", "searchsorted.Scalar")
+def _searchsorted(sig, seq, vals, out_int32=False, right=False, side=None, sorter=None):
+    if sorter is not None:
+        seq = jnp.take_along_axis(seq, sorter.astype(jnp.int64), axis=-1)
+    dt = _search_dtype(sig)
+    vals = jnp.asarray(_c(vals, dt))
+    return _binary_search(_c(seq, dt), vals, right or side == "right")
+
+
+@register("bucketize.Tensor", "bucketize.Scalar")
+def _bucketize(sig, x, boundaries, out_int32=False, right=False):
+    dt = _search_dtype(sig)
+    return _binary_search(_c(boundaries, dt), jnp.asarray(_c(x, dt)), right)
+
+
+_ISIN_BROADCAST = 1 << 24  # up to this many element pairs, compare all pairs
+
+
+@register("isin.Tensor_Tensor", "isin.Tensor_Scalar", "isin.Scalar_Tensor")
+def _isin(sig, elements, test, assume_unique=False, invert=False):
+    dt = _cd(sig)
+    e = jnp.asarray(_c(elements, dt))
+    t = jnp.asarray(_c(test, dt)).reshape(-1)
+    if e.size * t.size <= _ISIN_BROADCAST:
+        hit = jnp.any(e.reshape(-1, 1) == t.reshape(1, -1), axis=1).reshape(e.shape)
+    else:
+        st = jnp.sort(t)
+        i = jnp.clip(jnp.searchsorted(st, e.reshape(-1)), 0, t.size - 1)
+        hit = (st[i] == e.reshape(-1)).reshape(e.shape)
+    return ~hit if invert else hit
+
+
+@register("histc.default", static=("min", "max"))
+def _histc(sig, x, bins=100, min=0, max=0):
+    """PyTorch's histc: element x in bin trunc((x - min) * bins / (max - min)), computed in the
+    input dtype, x == max in the last bin; elements outside [min, max] (and nans) not counted.
+    With min == max the data's own minimum and maximum serve, widened by 1 each way if equal
+    (PyTorch refuses a data range that is not finite; here such a range counts nothing)."""
+    dt = jnp_dtype(sig.outs[0].dtype)
+    if bins <= 0:
+        raise ValueError("torch.histc: bins must be > 0")
+    if min > max:
+        raise ValueError("torch.histc: max must be larger than min")
+    x = _c(x, dt).reshape(-1)
+    if min == max:
+        lo = jnp.min(x) if x.size else jnp.asarray(min, dt)
+        hi = jnp.max(x) if x.size else jnp.asarray(max, dt)
+        same = lo == hi
+        lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
+        pos = (x - lo) * jnp.asarray(bins, dt) / (hi - lo)
+    else:
+        lo, hi = jnp.asarray(min, dt), jnp.asarray(max, dt)
+        pos = _exact_div((x - lo) * jnp.asarray(bins, dt), jnp.asarray(max, dt) - jnp.asarray(min, dt))
+    ok = (x >= lo) & (x <= hi) & jnp.isfinite(lo) & jnp.isfinite(hi)
+    idx = jnp.clip(jnp.trunc(jnp.where(ok, pos, 0)).astype(jnp.int64), 0, bins - 1)
+    return jnp.zeros((bins,), dt).at[idx].add(ok.astype(dt))
