@@ -214,7 +214,9 @@ def test_decomposition_that_declines_falls_back():
     y, ly = torch.nn.functional.adaptive_max_pool2d(x, (2, 3)), torch.nn.functional.adaptive_max_pool2d(lx, (2, 3))
     y.sum().backward()
     ly.sum().backward()
-    assert cnt("aten::adaptive_max_pool2d") - c0 == 1
+    from lazyxla import lowering
+    lowered = torch.ops.aten.adaptive_max_pool2d.default in lowering.LOWERINGS  # once lowered, nothing declines
+    assert cnt("aten::adaptive_max_pool2d") - c0 == (0 if lowered else 1)
     torch.testing.assert_close(ly.cpu(), y.detach())
     torch.testing.assert_close(lx.grad.cpu(), x.grad)
 
@@ -228,21 +230,22 @@ def test_packed_sequences_are_refused_with_a_clear_message():
 
 
 def test_fallback_tuple_result():
+    # geqrf has no meta kernel in PyTorch 2.13, so it runs on the CPU (a tuple of two tensors)
     g = torch.Generator().manual_seed(3)
-    h = torch.randn(4, 7, generator=g)
+    h = torch.randn(5, 4, generator=g)
     x = h.to(DEV)
-    c0 = cnt("aten::kthvalue")
-    values, indices = torch.kthvalue(x, 3, dim=1)
-    assert cnt("aten::kthvalue") - c0 == 1
-    want_v, want_i = torch.kthvalue(h, 3, dim=1)
-    assert values.device == DEV and indices.device == DEV
-    torch.testing.assert_close(values.cpu(), want_v)
-    assert torch.equal(indices.cpu(), want_i)
+    c0 = cnt("aten::geqrf")
+    a, tau = torch.geqrf(x)
+    assert cnt("aten::geqrf") - c0 == 1
+    want_a, want_tau = torch.geqrf(h)
+    assert a.device == DEV and tau.device == DEV
+    torch.testing.assert_close(a.cpu(), want_a)
+    torch.testing.assert_close(tau.cpu(), want_tau)
 
 
 def test_fallback_counter_visible_in_short_report():
     x = torch.tensor([1.0, 2.0, 2.0, 5.0]).to(DEV)
-    r = torch.histc(x, bins=4, min=0, max=8)
-    torch.testing.assert_close(r.cpu(), torch.histc(torch.tensor([1.0, 2.0, 2.0, 5.0]), bins=4, min=0, max=8))
-    assert met.counter_value("aten::histc") >= 1
-    assert "Counter: aten::histc\n" in met.short_metrics_report()
+    r = torch.unique(x)  # its output shape depends on the values: the CPU computes it
+    torch.testing.assert_close(r.cpu(), torch.unique(torch.tensor([1.0, 2.0, 2.0, 5.0])))
+    assert met.counter_value("aten::_unique2") >= 1
+    assert "Counter: aten::_unique2\n" in met.short_metrics_report()
