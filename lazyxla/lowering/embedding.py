@@ -1,5 +1,6 @@
 """Embedding lookups: ``embedding``, ``embedding_renorm`` (``nn.Embedding(max_norm=...)``)
-and the dense backward; embedding bags (``_embedding_bag``: sum, mean, max) and their backward.
+and the dense backward; embedding bags (``_embedding_bag`` and, without autograd,
+``_embedding_bag_forward_only``: sum, mean, max) and their backward.
 
 Values follow PyTorch's eager CPU kernels; output shapes come from PyTorch's meta kernels
 (``sig.outs``), which follow the non-CPU convention where PyTorch's own devices disagree
@@ -57,7 +58,7 @@ def embedding_dense_backward(sig, grad, indices, num_weights, padding_idx, scale
 _SUM, _MEAN, _MAX = 0, 1, 2
 
 
-@register("_embedding_bag.default")
+@register("_embedding_bag.default", "_embedding_bag_forward_only.default")  # the latter: no grad needed
 def embedding_bag(sig, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
     n = indices.shape[0]

@@ -1,5 +1,5 @@
-"""Matrix products as JAX functions: mm, bmm, mv, dot/vdot, addmm/baddbmm/addmv and
-``_trilinear`` (``nn.Bilinear``).
+"""Matrix products as JAX functions: mm, bmm, mv, dot/vdot, addmm/baddbmm/addmv/addbmm
+and ``_trilinear`` (``nn.Bilinear``).
 
 Operands are cast to PyTorch's output dtype; products use HIGHEST precision so float32
 matches CPU eager. Touches only the registry.
@@ -67,6 +67,16 @@ def _add_product(sig, bias, a, b, beta=1, alpha=1):
     """beta * bias + alpha * (a @ b); with beta == 0 the bias is ignored (NaNs too), as in PyTorch."""
     bias, a, b = _mmdt(sig, bias, a, b)
     prod = _scaled(jnp.matmul(a, b, precision=HI), alpha)
+    if isinstance(beta, (int, float)) and beta == 0:
+        return prod
+    return _scaled(bias, beta) + prod
+
+
+@register("addbmm.default")
+def _addbmm(sig, bias, a, b, beta=1, alpha=1):
+    """beta * bias + alpha * (the sum over the batch of a[i] @ b[i]); beta == 0 ignores the bias."""
+    bias, a, b = _mmdt(sig, bias, a, b)
+    prod = _scaled(jnp.einsum("bij,bjk->ik", a, b, precision=HI), alpha)
     if isinstance(beta, (int, float)) and beta == 0:
         return prod
     return _scaled(bias, beta) + prod
