@@ -1,5 +1,13 @@
-"""Losses and their backward ops: NLL (1-d and 2-d), MSE, binary cross-entropy, smooth L1
-and Huber, with PyTorch's reductions (0 none, 1 mean, 2 sum).
+"""Losses and their backward ops, with PyTorch's reductions (0 none, 1 mean, 2 sum):
+
+- NLL (1-d and 2-d), MSE, binary cross-entropy, smooth L1 and Huber, forward and backward;
+- the multi-class and multi-label margin losses' backward, and the multi-label forward
+  (PyTorch's decomposition counts targets after the first -1, its CPU kernel does not).
+  PyTorch has no meta kernel for either backward op: their lowerings are used once the core
+  records ops without one; until then they run on the CPU;
+- CTC's forward (``_ctc_loss`` with lengths given as lists): a scan over time;
+- ``F.linear_cross_entropy``'s chunked custom ops
+  (``torch_nn::_linear_cross_entropy_batch_chunked[_no_reduction]``): one unchunked program.
 
 Piecewise backward formulas copy PyTorch's boundary conventions; MSE's backward is the vjp of
 its forward. Touches only the registry.
@@ -8,8 +16,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import torch
 
-from .nn_helpers import _f, _s, _vjp
+from .nn_helpers import _HIGHEST, _f, _s, _vjp
 from .registry import register
 
 _REDUCTION_NONE, _REDUCTION_MEAN, _REDUCTION_SUM = 0, 1, 2
@@ -132,3 +142,193 @@ def huber_loss_backward(sig, grad, x, t, reduction, delta):
     d = x - t
     g = _loss_norm(grad, x, reduction)
     return jnp.where(d <= -delta, -g * delta, jnp.where(d >= delta, g * delta, d * g))
+
+
+# -- margin losses' backward ---------------------------------------------------------------
+def _margin_scale(grad, x2, reduction):
+    """The upstream gradient per sample, divided by dim (and by the batch for a mean)."""
+    n, dim = x2.shape
+    g = _f(grad).astype(x2.dtype)
+    if reduction == _REDUCTION_NONE:
+        g = g.reshape(-1, 1) if g.ndim else g
+    elif reduction == _REDUCTION_MEAN:
+        g = g / n
+    return g / dim
+
+
+@register("multi_margin_loss_backward.default")
+def multi_margin_loss_backward(sig, grad, x, target, p, margin, weight=None, reduction=_REDUCTION_MEAN):
+    """PyTorch's CPU rule: each class d != target with z = margin - x[t] + x[d] > 0 gets
+    g (p = 1) or 2 g z (p = 2), times weight[t]; the target gets minus their sum."""
+    x2 = _f(x).reshape(-1, x.shape[-1]) if x.ndim else _f(x).reshape(1, 1)
+    t = target.reshape(-1)
+    xt = jnp.take_along_axis(x2, t[:, None], axis=1)
+    z = margin - xt + x2
+    g = _margin_scale(grad, x2, reduction)
+    h = jnp.where(jnp.asarray(p) == 1, g, 2 * g * z)
+    if weight is not None:
+        h = h * _f(weight).astype(x2.dtype)[t][:, None]
+    not_t = jnp.arange(x2.shape[1])[None, :] != t[:, None]
+    h = jnp.where(not_t & (z > 0), h, 0)
+    h = jnp.where(not_t, h, -jnp.sum(h, axis=1, keepdims=True))
+    return jnp.broadcast_to(h, x2.shape).reshape(x.shape)
+
+
+def _multilabel_parts(x, target):
+    x2 = _f(x).reshape(-1, x.shape[-1]) if x.ndim else _f(x).reshape(1, 1)
+    t = target.reshape(x2.shape)
+    listed = jnp.cumprod((t != -1).astype(jnp.int32), axis=1).astype(bool)   # before the first -1
+    tc = jnp.where(listed, t, 0)
+    onehot = jax.nn.one_hot(tc, x2.shape[1], dtype=x2.dtype) * listed[..., None]   # [n, slots, dim]
+    return x2, listed, tc, onehot
+
+
+@register("multilabel_margin_loss_forward.default")
+def multilabel_margin_loss_forward(sig, x, target, reduction):
+    """(loss, is_target) as PyTorch's CPU kernel: only the targets before the first -1 count;
+    each pairs with every non-target class: max(0, 1 - x[j] + x[d]) / dim."""
+    x2, listed, tc, onehot = _multilabel_parts(x, target)
+    is_t = jnp.max(onehot, axis=1) > 0                                       # [n, dim]
+    xt = jnp.take_along_axis(x2, tc, axis=1)
+    z = jnp.maximum(1 - xt[:, :, None] + x2[:, None, :], 0)
+    per = jnp.sum(jnp.where(listed[:, :, None] & ~is_t[:, None, :], z, 0), axis=(1, 2)) / x2.shape[1]
+    if reduction == _REDUCTION_MEAN:
+        loss = jnp.mean(per)
+    elif reduction == _REDUCTION_SUM:
+        loss = jnp.sum(per)
+    else:
+        loss = per.reshape(sig.outs[0].shape)
+    return loss, is_t.astype(x2.dtype).reshape(x.shape)
+
+
+@register("multilabel_margin_loss_backward.default")
+def multilabel_margin_loss_backward(sig, grad, x, target, reduction, is_target):
+    """For each listed target j (the list ends at the first -1) and each non-target d with
+    z = 1 - x[j] + x[d] > 0: x[j] gets -g, x[d] gets +g (PyTorch's CPU rule)."""
+    x2, listed, tc, onehot = _multilabel_parts(x, target)
+    xt = jnp.take_along_axis(x2, tc, axis=1)                                  # [n, slots]
+    other = ~is_target.reshape(x2.shape).astype(bool)                         # [n, dim]
+    hit = listed[:, :, None] & other[:, None, :] & ((1 - xt[:, :, None] + x2[:, None, :]) > 0)
+    g = _margin_scale(grad, x2, reduction)
+    g = g[:, :, None] if jnp.ndim(g) == 2 else g
+    count_d = jnp.sum(hit, axis=1).astype(x2.dtype)                           # [n, dim]
+    count_j = jnp.sum(hit, axis=2).astype(x2.dtype)                           # [n, slots]
+    gin = count_d - jnp.einsum("ns,nsd->nd", count_j, onehot)
+    gscale = g[:, :, 0] if jnp.ndim(g) == 3 else g
+    return (gin * gscale).reshape(x.shape)
+
+
+# -- CTC -----------------------------------------------------------------------------------
+@register("_ctc_loss.default")
+def ctc_loss(sig, log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """(negative log likelihood [N], log alpha [N, T, S]) by PyTorch's CPU recursion over
+    time (Graves et al., eq. 6-8), one ``lax.scan`` step per time step; S = 2 * the longest
+    target + 1. Entries PyTorch leaves unwritten (past a sample's input length or its
+    extended target) are -inf. ``zero_infinity`` acts in ``ctc_loss``, not here."""
+    lp = _f(log_probs)
+    T, N, _ = lp.shape
+    S = sig.outs[1].shape[2]
+    il = np.asarray(input_lengths, np.int64).reshape(-1)
+    tl = np.asarray(target_lengths, np.int64).reshape(-1)
+    il, tl = np.broadcast_to(il, (N,)), np.broadcast_to(tl, (N,))
+    # the extended targets l': blank, l1, blank, l2, ..., blank (blank past the target)
+    j = np.arange(S) // 2
+    if targets.ndim == 2:
+        lab = jnp.take(targets, jnp.asarray(np.minimum(j, max(targets.shape[1] - 1, 0))), axis=1)
+    else:
+        start = np.concatenate([[0], np.cumsum(tl)[:-1]])
+        pos = np.minimum(start[:, None] + j[None, :], max(targets.shape[0] - 1, 0))
+        lab = targets[jnp.asarray(pos)]
+    odd = (np.arange(S) % 2 == 1)[None, :]
+    inside = np.arange(S)[None, :] <= 2 * tl[:, None]
+    ext = jnp.where(odd & (j[None, :] < tl[:, None]), lab, blank).astype(jnp.int64)
+    # a skip from s - 2 is allowed when l'[s] differs from l'[s - 2]
+    skip = jnp.concatenate([jnp.zeros((N, 2), bool), ext[:, 2:] != ext[:, :-2]], axis=1)
+    lpe = jnp.take_along_axis(lp, jnp.broadcast_to(ext[None], (T, N, S)), axis=2)   # [T, N, S]
+    ninf = jnp.asarray(-jnp.inf, lp.dtype)
+    s_idx = np.arange(S)[None, :]
+    a0 = jnp.where(s_idx == 0, lpe[0], jnp.where((s_idx == 1) & (tl[:, None] > 0), lpe[0], ninf))
+
+    def step(prev, lp_t):
+        la1 = prev
+        la2 = jnp.concatenate([jnp.full((N, 1), ninf), prev[:, :-1]], axis=1)
+        la3 = jnp.where(skip, jnp.concatenate([jnp.full((N, 2), ninf), prev[:, :-2]], axis=1), ninf)
+        m = jnp.maximum(jnp.maximum(la1, la2), la3)
+        m = jnp.where(m == ninf, 0, m)
+        new = jnp.log(jnp.exp(la1 - m) + jnp.exp(la2 - m) + jnp.exp(la3 - m)) + m + lp_t
+        new = jnp.where(inside, new, ninf)
+        return new, new
+
+    _, rest = jax.lax.scan(step, a0, lpe[1:])
+    alpha = jnp.concatenate([a0[None], rest], axis=0)                      # [T, N, S]
+    alpha = jnp.where((np.arange(T)[:, None] < il[None, :])[..., None], alpha, ninf)
+    last = alpha[np.maximum(il - 1, 0), np.arange(N)]                      # [N, S]
+    l1 = jnp.take_along_axis(last, jnp.asarray(2 * tl)[:, None], axis=1)[:, 0]
+    l2 = jnp.take_along_axis(last, jnp.asarray(np.maximum(2 * tl - 1, 0))[:, None], axis=1)[:, 0]
+    m = jnp.maximum(l1, l2)
+    m = jnp.where(m == ninf, 0, m)
+    ll = jnp.where(jnp.asarray(tl) == 0, last[:, 0], jnp.log(jnp.exp(l1 - m) + jnp.exp(l2 - m)) + m)
+    return -ll, jnp.transpose(alpha, (1, 0, 2))
+
+
+# -- F.linear_cross_entropy's chunked custom ops -------------------------------------------
+def _lce_rows(x, w, target, bias, class_weight, ignore_index):
+    """Per row: the weight of its target (0 where ignored) and -log_softmax at the target,
+    as the chunked accumulator computes them (logits shifted by their row maximum)."""
+    logits = jnp.matmul(x, w.T, precision=_HIGHEST)
+    if bias is not None:
+        logits = logits + bias
+    shifted = logits - jnp.max(logits, axis=1, keepdims=True)
+    ignored = target == ignore_index
+    t = jnp.where(ignored, 0, target)
+    picked = jnp.take_along_axis(shifted, t[:, None], axis=1)[:, 0]
+    denom = jnp.sum(jnp.exp(shifted), axis=1)
+    wt = jnp.ones(t.shape, x.dtype) if class_weight is None else jnp.take(class_weight, t).astype(x.dtype)
+    return jnp.where(ignored, 0, wt), jnp.log(denom) - picked
+
+
+def _lce_chunked(sig, x, w, target, bias, class_weight, reduction, ignore_index, label_smoothing,
+                 batch_chunk_size, acc_policy, acc_dtype, allow_retain_graph, compute_input_grad,
+                 compute_linear_weight_grad, compute_linear_bias_grad):
+    """The loss (mean: NaN when no row counts) and, as asked, its gradients for the input,
+    the linear weight and bias (empty otherwise), computed at once as the op does."""
+    dt = sig.outs[0].dtype
+    x32, w32 = _f(x), _f(w).astype(_f(x).dtype)
+    b32 = None if bias is None else _f(bias).astype(x32.dtype)
+    cw = None if class_weight is None else _f(class_weight)
+
+    def loss_of(x_, w_, b_):
+        wt, nll = _lce_rows(x_, w_, target, b_, cw, ignore_index)
+        total = jnp.sum(wt * nll)
+        if reduction == "mean":
+            d = jnp.sum(wt)
+            return jnp.where(d == 0, jnp.nan, total / jnp.where(d == 0, 1, d))
+        return total
+
+    prim = (x32, w32, b32 if b32 is not None else jnp.zeros(w32.shape[:1], x32.dtype))
+    loss, pull = jax.vjp(lambda a, b, c: loss_of(a, b, c if bias is not None else None), *prim)
+    gx, gw, gb = pull(jnp.ones((), loss.dtype))
+    del dt
+    outs = [loss]
+    for want, g, meta in ((compute_input_grad, gx, sig.outs[1]), (compute_linear_weight_grad, gw, sig.outs[2]),
+                          (compute_linear_bias_grad, gb, sig.outs[3])):
+        outs.append(g if want else jnp.zeros(meta.shape, g.dtype))
+    return tuple(outs)
+
+
+def _lce_no_reduction(sig, x, w, target, bias, class_weight, ignore_index, batch_chunk_size, acc_policy,
+                      acc_dtype):
+    """The per-row loss: its target's weight times -log_softmax at the target (0 if ignored)."""
+    x32 = _f(x)
+    wt, nll = _lce_rows(x32, _f(w).astype(x32.dtype), target, None if bias is None else _f(bias).astype(x32.dtype),
+                        None if class_weight is None else _f(class_weight), ignore_index)
+    return wt * nll
+
+
+try:
+    import torch.nn.modules.linear_cross_entropy  # noqa: F401  (defines the torch_nn ops)
+    _TORCH_NN = torch.ops.torch_nn
+    register(_TORCH_NN._linear_cross_entropy_batch_chunked.default)(_lce_chunked)
+    register(_TORCH_NN._linear_cross_entropy_batch_chunked_no_reduction.default)(_lce_no_reduction)
+except (ImportError, AttributeError):  # a PyTorch without F.linear_cross_entropy's chunked path
+    pass
