@@ -1,8 +1,8 @@
 """Indexing with index tensors as JAX functions: index_select, gather, advanced indexing
 (``index.Tensor``), scatter (set, add, legacy reduce), index_put (with integer or boolean
-indices), index_add and index_copy, masked_scatter, scatter_reduce and index_reduce (sum,
-prod, amax, amin, mean), take and put (flat indices), segment_reduce and its backward,
-nonzero_static.
+indices), index_add, index_copy and index_fill, masked_scatter and its backward,
+scatter_reduce and index_reduce (sum, prod, amax, amin, mean), take and put (flat
+indices), segment_reduce and its backward, nonzero_static.
 
 Every output has a static shape: a boolean index or mask writes through a running count of
 the mask. Ops whose output shape depends on the data (``nonzero``, ``masked_select``,
@@ -109,6 +109,16 @@ def _index_add(sig, x, dim, index, source, alpha=1):
     return x.at[tuple(idx)].add((source * alpha).astype(x.dtype))
 
 
+@register("index_fill.int_Scalar", "index_fill.int_Tensor", zero_d="index")
+def _index_fill(sig, x, dim, index, value):
+    """The slices ``index`` names along ``dim`` set to ``value`` (negative indices count from
+    the end)."""
+    d = dim % max(x.ndim, 1)
+    idx = [slice(None)] * x.ndim
+    idx[d] = jnp.where(index < 0, index + x.shape[d], index)
+    return x.at[tuple(idx)].set(jnp.asarray(value).astype(x.dtype))
+
+
 @register("index_copy.default", zero_d="all")
 def _index_copy(sig, x, dim, index, source):
     d = dim % max(x.ndim, 1)
@@ -129,6 +139,17 @@ def masked_scatter(sig, x, mask, source):
         return flat.reshape(shape)
     k = jnp.clip(jnp.cumsum(m.astype(jnp.int64)) - 1, 0, src.size - 1)
     return jnp.where(m, src[k], flat).reshape(shape)
+
+
+@register("masked_scatter_backward.default")
+def masked_scatter_backward(sig, grad, mask, sizes):
+    """The source's gradient: the gradient at the True elements of the mask, in order, then
+    zeros, shaped ``sizes``."""
+    flat = grad.reshape(-1)
+    m = jnp.broadcast_to(mask, grad.shape).reshape(-1)
+    n = int(np.prod(sizes, dtype=np.int64))
+    k = jnp.where(m, jnp.cumsum(m.astype(jnp.int64)) - 1, n)
+    return jnp.zeros((n,), grad.dtype).at[k].set(flat, mode="drop").reshape(tuple(sizes))
 
 
 def _extreme(dtype, high):
