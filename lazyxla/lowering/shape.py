@@ -1,5 +1,6 @@
-"""Views, the scatters that write through them, and data movement (cat, stack, flip, roll,
-repeat, padding, tril/triu) in JAX.
+"""Views, their copying forms (``select_copy``, ``slice_copy``, ``split_copy``, ...: the view,
+copied), the scatters that write through views, and data movement (cat, stack, flip, roll,
+repeat, padding and the replication padding's backward, tril/triu) in JAX.
 
 View lowerings must be pure index remappings of their input: ``lower_view_scatter``
 applies them to an index map to write through a view. ``select_scatter``,
@@ -9,6 +10,7 @@ index_put) is in ``indexing``. Touches only the registry.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -28,9 +30,35 @@ def _view(sig, x, *a, **k):
         else jnp.broadcast_to(x, _shape(sig))
 
 
-@register("alias.default", "lift_fresh.default", "detach.default")
+@register("alias.default", "lift_fresh.default", "detach.default", "detach_copy.default")
 def _alias(sig, x):
     return x
+
+
+# -- the other view-copy ops whose views lazyxla handles elsewhere (functional: no aliasing)
+@register("_reshape_copy.default", "_reshape_alias_copy.default")
+def _reshape_copy(sig, x, *a):
+    return jnp.reshape(x, _shape(sig))
+
+
+@register("_neg_view_copy.default")
+def _neg_view_copy(sig, x):
+    return -x
+
+
+@register("_conj_copy.default")
+def _conj_copy(sig, x):
+    return jnp.conj(x)
+
+
+@register("view_as_real_copy.default")
+def _view_as_real_copy(sig, x):
+    return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+
+
+@register("view_as_complex_copy.default")
+def _view_as_complex_copy(sig, x):
+    return lax.complex(x[..., 0], x[..., 1])
 
 
 @register("t.default")
@@ -59,7 +87,7 @@ def _reshape_like(sig, x, *a):
     return jnp.reshape(x, _shape(sig))
 
 
-@register("select.int")
+@register("select.int", "select_copy.int")
 def _select(sig, x, dim, index):
     d = dim % x.ndim
     return jnp.take(x, index % x.shape[d] if isinstance(index, int) else index, axis=d)
@@ -77,7 +105,7 @@ def _slice_bounds(n, start, end, step):
     return start, end, step
 
 
-@register("slice.Tensor")
+@register("slice.Tensor", "slice_copy.Tensor")
 def _slice(sig, x, dim=0, start=None, end=None, step=1):
     d = dim % x.ndim
     s, e, st = _slice_bounds(x.shape[d], start, end, step)
@@ -112,7 +140,7 @@ def _as_strided(sig, x, size, stride, storage_offset=None):
     return jnp.take(x.reshape(-1), jnp.asarray(idx))
 
 
-@register("split.Tensor")
+@register("split.Tensor", "split_copy.Tensor")
 def _split(sig, x, split_size, dim=0):
     d = dim % x.ndim
     n = x.shape[d]
@@ -183,6 +211,27 @@ def _pad(sig, x, pad, value=0):
         d = x.ndim - 1 - i
         cfg[d] = (pad[2 * i], pad[2 * i + 1], 0)
     return lax.pad(x, jnp.asarray(value, x.dtype), cfg)
+
+
+def _replicate_index(n, lo, hi):
+    """Input position of each output position of a replication pad (negative pads crop)."""
+    return np.clip(np.arange(n + lo + hi) - lo, 0, n - 1)
+
+
+def _replication_pad(x, padding):
+    k = len(padding) // 2
+    for i in range(k):   # padding lists the last dim first
+        ax = x.ndim - 1 - i
+        x = jnp.take(x, jnp.asarray(_replicate_index(x.shape[ax], padding[2 * i], padding[2 * i + 1])), axis=ax)
+    return x
+
+
+@register("replication_pad1d_backward.default", "replication_pad2d_backward.default",
+          "replication_pad3d_backward.default")
+def _replication_pad_backward(sig, grad, x, padding):
+    """Each output's gradient added to the input element it copies."""
+    out, pull = jax.vjp(lambda x_: _replication_pad(x_, padding), x.astype(grad.dtype))
+    return pull(grad.reshape(out.shape))[0]
 
 
 @register("tril.default")
