@@ -201,3 +201,252 @@ def test_nonzero_static_and_zero_d_index_ops():
     check(lambda x, a, i, b: (torch.nonzero_static(x, size=4), torch.nonzero_static(x, size=1, fill_value=7),
                               a.index_add(0, i, b), a.index_copy(0, i, b)),
           x, torch.tensor(1.), torch.tensor([0]), torch.tensor(2.))
+
+
+# ---------------------------------------------------------------------------------------
+# Pooling, matrix products, embedding bags
+def test_adaptive_max_pool_unequal_windows_ties_nan_and_backward():
+    nan = float("nan")
+    x = torch.tensor([[[1., 3., 3., 2.], [3., 0., nan, nan], [1., 1., 1., 1.]]])
+    y = _ties(2, 3, 7, 5, hi=4, seed=3)
+
+    def run(x, y):
+        yy = y.clone().requires_grad_()
+        out, idx = F.adaptive_max_pool2d(yy, (3, 4), return_indices=True)
+        g, = torch.autograd.grad((out * torch.arange(12., device=y.device).reshape(3, 4)).sum(), yy)
+        return (F.adaptive_max_pool2d(x, (2, 3), return_indices=True), F.adaptive_max_pool1d(x[0], 3, True),
+                out.detach(), idx, g)
+
+    got = check(run, x, y)
+    assert got[0][1].tolist() == [[[1, 6, 7], [4, 6, 7]]]  # the first maximum; the last NaN
+
+
+def test_addbmm():
+    b, x, y = rand(3, 4), rand(5, 3, 2, seed=1), rand(5, 2, 4, seed=2)
+    b[0, 0] = float("nan")
+    check(lambda b, x, y: (torch.addbmm(b, x, y), torch.addbmm(b, x, y, beta=0.5, alpha=2.),
+                           torch.addbmm(b, x, y, beta=0)), b, x, y, rtol=1e-4, atol=1e-4)
+
+
+def test_embedding_bag_without_autograd():
+    w = rand(10, 3)
+    idx, off = torch.tensor([1, 2, 4, 4, 3, 9]), torch.tensor([0, 2, 2, 5])
+    with torch.no_grad():
+        check(lambda w, i, o: [F.embedding_bag(i, w, o, mode=m) for m in ("sum", "mean", "max")]
+              + [F.embedding_bag(i, w, o, mode="sum", per_sample_weights=torch.ones(6, device=w.device) * 2,
+                                 padding_idx=4)], w, idx, off)
+
+
+def test_masked_scatter_backward():
+    x, m, src = rand(3, 4), torch.tensor([[1, 0, 1, 1], [0, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool), rand(5, 3)
+
+    def run(x, m, s):
+        s = s.clone().requires_grad_()
+        o = x.masked_scatter(m, s)
+        return torch.autograd.grad((o * o).sum(), s)
+
+    check(run, x, m, src)
+
+
+# ---------------------------------------------------------------------------------------
+# Resampling (lowering/resample.py)
+def _grads(fn, *inputs):
+    """fn's output and the gradients of sum(output ** 2) for each input."""
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    out = fn(*leaves)
+    return (out.detach(),) + torch.autograd.grad((out * out).sum(), leaves)
+
+
+def test_interpolate_backward_modes():
+    x1, x2, x3 = rand(2, 3, 5), rand(2, 3, 5, 7, seed=1), rand(1, 2, 3, 4, 5, seed=2)
+
+    def run(x1, x2, x3):
+        out = []
+        for x, modes, size in ((x1, ("nearest", "nearest-exact", "linear"), (8,)),
+                               (x2, ("nearest-exact", "bicubic"), (3, 12)),
+                               (x3, ("nearest", "nearest-exact", "trilinear"), (5, 2, 7))):
+            for mode in modes:
+                ac = {} if "nearest" in mode else dict(align_corners=mode == "bicubic")
+                out += _grads(lambda t: F.interpolate(t, size=size, mode=mode, **ac), x)[1:]
+        out += _grads(lambda t: F.interpolate(t, scale_factor=1.7, mode="linear", recompute_scale_factor=False),
+                      x1)[1:]
+        return out
+
+    check(run, x1, x2, x3, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_antialiased_resampling(mode):
+    x = rand(2, 3, 9, 11)
+    check(lambda x: [g for size in ((4, 3), (13, 20)) for g in
+                     _grads(lambda t: F.interpolate(t, size=size, mode=mode, antialias=True), x)]
+          + [F.interpolate(x, scale_factor=0.37, mode=mode, antialias=True, align_corners=True)], x,
+          rtol=1e-4, atol=1e-4)
+
+
+def test_lanczos_antialiased_resampling():
+    aten = torch.ops.aten
+    check(lambda x: _grads(lambda t: aten._upsample_lanczos2d_aa(t, [4, 17], False), x), rand(1, 2, 9, 11),
+          rtol=1e-4, atol=1e-4)
+
+
+_GRID_CASES = {  # (mode, padding, align_corners): every mode, padding and corner rule at least once
+    2: [("bilinear", "border", True), ("nearest", "reflection", False), ("bicubic", "zeros", True),
+        ("bicubic", "reflection", False)],
+    3: [("bilinear", "zeros", True), ("bilinear", "border", False), ("bilinear", "reflection", True),
+        ("nearest", "reflection", False)],
+}
+
+
+@pytest.mark.parametrize("nd", [2, 3])
+def test_grid_sample_forward_and_backward(nd):
+    x = rand(*((2, 3, 4, 5, 6)[:nd + 2]))
+    grid = rand(*((2, 3, 2, 4)[:nd + 1] + (nd,)), seed=1) * 1.3
+    grid.view(-1, nd)[0] = torch.tensor([1., -1., 0.][:nd])    # exactly on a corner
+    nan_grid = grid.clone()
+    nan_grid.view(-1, nd)[1, 0] = float("nan")
+
+    def run(x, grid, nan_grid):
+        out = []
+        for mode, pad, ac in _GRID_CASES[nd]:
+            out += _grads(lambda a, g: F.grid_sample(a, g, mode=mode, padding_mode=pad, align_corners=ac), x, grid)
+            if nd == 3:   # a NaN coordinate (the 2-d forward is PyTorch's decomposition, not the CPU kernel)
+                out.append(F.grid_sample(x, nan_grid, mode=mode, padding_mode=pad, align_corners=ac))
+        return out
+
+    check(run, x, grid, nan_grid, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------
+# Losses (lowering/loss.py)
+def test_ctc_loss_forward():
+    T, N, C = 12, 4, 6
+    lp = rand(T, N, C).log_softmax(2)
+    tg = torch.tensor([[1, 2, 2, 3, 1], [4, 4, 5, 1, 1], [1, 1, 1, 1, 1], [5, 3, 5, 2, 2]])
+    il, tl = [12, 10, 7, 12], [5, 3, 0, 4]
+    flat = torch.cat([tg[i, :tl[i]] for i in range(N)])
+    check(lambda lp, tg, flat: [F.ctc_loss(lp, tg, il, tl, reduction=r, zero_infinity=z)
+                                for r in ("none", "mean", "sum") for z in (False, True)]
+          + [F.ctc_loss(lp, flat, il, tl, blank=2, reduction="none"),
+             F.ctc_loss(lp[:3], tg, [3] * 4, [5] * 4, reduction="none")],   # no alignment: inf
+          lp, tg, flat)
+
+    def workspace(lp, tg):   # the log-alpha workspace, where PyTorch writes it
+        nll, alpha = torch.ops.aten._ctc_loss(lp, tg, il, tl, 0, False)
+        return [nll] + [alpha[b, :il[b], :2 * tl[b] + 1] for b in range(N)]
+
+    check(workspace, lp, tg)
+
+
+def test_linear_cross_entropy_chunked():
+    from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
+    x, w, b = rand(6, 4), rand(5, 4, seed=1), rand(5, seed=2)
+    t = torch.tensor([0, 4, -100, 2, 2, 1])
+    cw = torch.rand(5, generator=torch.Generator().manual_seed(3))
+
+    def run(x, w, b, t, cw):
+        out = []
+        for red in ("mean", "sum", "none"):
+            for kw in (dict(), dict(linear_bias=b, weight=cw, ignore_index=-100)):
+                opts = LinearCrossEntropyOptions(batch_chunk_size=4, allow_retain_graph=red == "sum")
+                xs = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+                loss = F.linear_cross_entropy(xs[0], xs[1], t.clamp(min=0) if not kw else t, reduction=red,
+                                              options=opts, **kw)
+                out += [loss.detach(), *torch.autograd.grad(loss.sum(), xs)]
+        return out
+
+    before = met.counter_value("xla::_linear_cross_entropy_batch_chunked") or 0
+    check(run, x, w, b, t, cw, rtol=1e-4, atol=1e-4)
+    assert (met.counter_value("xla::_linear_cross_entropy_batch_chunked") or 0) > before
+
+
+def test_index_fill():
+    x = rand(3, 4)
+    check(lambda x, i, v, s, n: (x.index_fill(1, i, 2.5), x.index_fill(0, i[:1], v), s.index_fill(0, i[:1] * 0, -3.),
+                                 n.index_fill(-1, i[1:2], 9)),
+          x, torch.tensor([0, -1, 0]), torch.tensor(7.), torch.tensor(1.), torch.arange(6).reshape(2, 3))
+
+
+def test_pooling_3d_backward_and_fractional():
+    x3 = _ties(2, 3, 6, 7, 8, hi=5, seed=4)
+    x2 = _ties(2, 3, 9, 8, hi=5, seed=5)
+    x2[0, 0, 0, :3] = float("nan")
+    s2, s3 = torch.rand(2, 3, 2, generator=torch.Generator().manual_seed(6)), torch.rand(2, 3, 3)
+
+    def run(x3, x2, s2, s3):
+        return (_grads(lambda t: F.avg_pool3d(t, (2, 3, 2), stride=(1, 2, 2), padding=(1, 1, 0),
+                                              count_include_pad=False), x3)
+                + _grads(lambda t: F.adaptive_avg_pool3d(t, (4, 3, 5)), x3)
+                + _grads(lambda t: F.max_pool3d(t, (2, 3, 2), stride=(1, 2, 2), padding=(1, 1, 0)), x3)
+                + _grads(lambda t: F.adaptive_max_pool3d(t, (4, 3, 5)), x3)
+                + (F.adaptive_max_pool3d(x3, (4, 3, 5), return_indices=True)[1],
+                   F.fractional_max_pool2d(x2, (2, 3), output_size=(5, 4), return_indices=True, _random_samples=s2)[1],
+                   F.fractional_max_pool3d(x3, (2, 3, 2), output_size=(4, 3, 5), return_indices=True,
+                                           _random_samples=s3)[1])
+                + _grads(lambda t: F.fractional_max_pool2d(t, 2, output_size=(1, 7), _random_samples=s2), x2))
+
+    check(run, x3, x2, s2, s3)
+
+
+def test_replication_pad_backward():
+    check(lambda *xs: [g for x, pad in zip(xs, ((2, 1), (1, 2, 2, 0), (1, 1, 0, 2, 1, 0), (-1, 2, 1, -1)))
+                       for g in _grads(lambda t: F.pad(t, pad, mode="replicate"), x)[1:]],
+          rand(2, 3, 5), rand(2, 3, 5, 6, seed=1), rand(1, 2, 5, 6, 4, seed=2), rand(3, 5, 6, seed=3))
+
+
+def test_margin_losses():
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(0)).round(decimals=1)
+    x[0, 1] = x[0, 0] - 1.0   # z == 0 exactly: no gradient there (PyTorch's z > 0)
+    t, w = torch.tensor([0, 3, 1, 1, 2]), torch.rand(4)
+    tt = torch.tensor([[3, 0, -1, 1], [1, 1, 2, -1], [-1, 2, 0, 0], [0, 1, 2, 3], [2, -1, -1, -1]])
+
+    def run(x, t, w, tt):   # the forward ops (both backward ops wait for meta kernels, below)
+        out = []
+        for red in ("none", "mean", "sum"):
+            out += [F.multi_margin_loss(x, t, p=2, margin=0.5, weight=w, reduction=red),
+                    F.multilabel_margin_loss(x, tt, reduction=red)]
+        return out
+
+    check(run, x, t, w, tt)
+
+
+def test_lowerings_waiting_for_meta_kernels():
+    """PyTorch has no meta kernel for these backward ops, so the device runs them on the CPU
+    for now; their lowerings are checked directly against eager."""
+    import jax.numpy as jnp
+    import numpy as np
+    from lazyxla.lowering import loss, pooling
+    aten = torch.ops.aten
+    j = lambda t: jnp.asarray(t.numpy())
+    x = torch.randn(5, 4)
+    tt = torch.tensor([[3, 0, -1, 1], [1, 1, 2, -1], [-1, 2, 0, 0], [0, 1, 2, 3], [2, -1, -1, -1]])
+    x[0, 1] = x[0, 0] - 1.0   # z == 0 exactly: no gradient there (PyTorch's z > 0)
+    t, w = torch.tensor([0, 3, 1, 1, 2]), torch.rand(4)
+    back = lambda got: torch.from_numpy(np.asarray(got))
+    for red in (0, 1, 2):
+        out, is_t = aten.multilabel_margin_loss_forward(x, tt, red)
+        g = torch.randn(out.shape)
+        want = aten.multilabel_margin_loss_backward(g, x, tt, red, is_t)
+        torch.testing.assert_close(back(loss.multilabel_margin_loss_backward(None, j(g), j(x), j(tt), red, j(is_t))),
+                                   want)
+        for p, margin, wt in ((1, 1.0, None), (2, 0.5, w)):
+            g = torch.randn(aten.multi_margin_loss(x, t, p, margin, wt, red).shape)
+            want = aten.multi_margin_loss_backward(g, x, t, p, margin, wt, red)
+            got = loss.multi_margin_loss_backward(None, j(g), j(x), j(t), p, margin, None if wt is None else j(wt), red)
+            torch.testing.assert_close(back(got), want)
+    x3, s3 = torch.randn(2, 3, 6, 7, 8), torch.rand(2, 3, 3)
+    out, idx = F.fractional_max_pool3d(x3, (2, 3, 2), output_size=(4, 3, 5), return_indices=True, _random_samples=s3)
+    g = torch.randn(out.shape)
+    want = aten.fractional_max_pool3d_backward(g, x3, [2, 3, 2], [4, 3, 5], idx)
+    got = pooling.fractional_max_pool3d_backward(None, j(g), j(x3), [2, 3, 2], [4, 3, 5], j(idx))
+    torch.testing.assert_close(back(got), want)
+
+
+def test_view_copy_ops():
+    aten = torch.ops.aten
+    x, z = rand(4, 6), rand(3, 2, dtype=torch.complex64)
+    check(lambda x, z: [aten.select_copy.int(x, 1, -2), aten.slice_copy.Tensor(x, 1, 1, -1, 2),
+                        *aten.split_copy.Tensor(x, 4, 1), aten.detach_copy(x), aten._reshape_copy(x, [3, -1]),
+                        aten._reshape_alias_copy(x, [2, 12], [12, 1]), aten._neg_view_copy(x), aten._conj_copy(z),
+                        aten.view_as_real_copy(z), aten.view_as_complex_copy(x.reshape(4, 3, 2)),
+                        aten.narrow_copy(x, 1, 2, 3)], x, z)

@@ -1,6 +1,6 @@
 """Reductions (sum, mean, prod, max/min, arg-max/min, any/all, var/std, vector norms,
-logsumexp, hash_tensor), scans (cumsum, cumprod, cummax/cummin with indices,
-logcumsumexp), sort and top-k as JAX functions.
+logsumexp), scans (cumsum, cumprod, cummax/cummin with indices, logcumsumexp), sort and
+top-k as JAX functions.
 
 Reductions accumulate in float32 for half types and in int64 for integer sums, as
 PyTorch does; ops taking a dim run a 0-d input as a 1-element vector (``zero_d="input"``).
