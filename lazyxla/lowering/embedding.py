@@ -1,6 +1,7 @@
 """Embedding lookups: ``embedding``, ``embedding_renorm`` (``nn.Embedding(max_norm=...)``)
 and the dense backward; embedding bags (``_embedding_bag`` and, without autograd,
-``_embedding_bag_forward_only``: sum, mean, max) and their backward.
+``_embedding_bag_forward_only``: sum, mean, max) and their backward, for the weight and for
+the per-sample weights.
 
 Values follow PyTorch's eager CPU kernels; output shapes come from PyTorch's meta kernels
 (``sig.outs``), which follow the non-CPU convention where PyTorch's own devices disagree
@@ -125,3 +126,20 @@ def embedding_bag_backward(sig, grad, indices, offsets, offset2bag, bag_size, ma
         freq = jnp.zeros((num_weights,), jnp.int64).at[indices].add(keep.astype(jnp.int64))
         g = g / jnp.maximum(freq[indices], 1)[:, None].astype(g.dtype)
     return gw.at[indices].add(jnp.where(keep[:, None], g, 0))
+
+
+@register("_embedding_bag_per_sample_weights_backward.default")
+def embedding_bag_per_sample_weights_backward(sig, grad, weight, indices, offsets, offset2bag, mode,
+                                              padding_idx=-1):
+    """The per-sample weights' gradient (mode sum): each index's row of the weight dotted
+    with its bag's output gradient; 0 for the padding index."""
+    n = indices.shape[0]
+    if offset2bag.shape == (n,):
+        bag = offset2bag
+    else:
+        bag = jnp.searchsorted(offsets, jnp.arange(n), side="right") - 1
+    bag = jnp.clip(bag, 0, max(grad.shape[0] - 1, 0))
+    g = jnp.sum(_f(grad)[bag] * _f(weight)[indices], axis=-1)
+    if padding_idx is not None and padding_idx >= 0:
+        g = jnp.where(indices == padding_idx, 0, g)
+    return g
