@@ -292,7 +292,6 @@ def _lce_chunked(sig, x, w, target, bias, class_weight, reduction, ignore_index,
                  compute_linear_weight_grad, compute_linear_bias_grad):
     """The loss (mean: NaN when no row counts) and, as asked, its gradients for the input,
     the linear weight and bias (empty otherwise), computed at once as the op does."""
-    dt = sig.outs[0].dtype
     x32, w32 = _f(x), _f(w).astype(_f(x).dtype)
     b32 = None if bias is None else _f(bias).astype(x32.dtype)
     cw = None if class_weight is None else _f(class_weight)
@@ -308,7 +307,6 @@ def _lce_chunked(sig, x, w, target, bias, class_weight, reduction, ignore_index,
     prim = (x32, w32, b32 if b32 is not None else jnp.zeros(w32.shape[:1], x32.dtype))
     loss, pull = jax.vjp(lambda a, b, c: loss_of(a, b, c if bias is not None else None), *prim)
     gx, gw, gb = pull(jnp.ones((), loss.dtype))
-    del dt
     outs = [loss]
     for want, g, meta in ((compute_input_grad, gx, sig.outs[1]), (compute_linear_weight_grad, gw, sig.outs[2]),
                           (compute_linear_bias_grad, gb, sig.outs[3])):
