@@ -107,6 +107,14 @@ def test_logcumsumexp_infinities_and_complex():
           x, z, rand(5, 3, dtype=torch.float64))
 
 
+def test_hash_tensor():
+    ts = [torch.tensor([True, False]), torch.tensor([-1, 2, 3], dtype=torch.int32), torch.tensor([1.5, -0.0]),
+          torch.tensor([1.5], dtype=torch.bfloat16), rand(3, 4, 5, dtype=torch.float64)]
+    got = check(lambda *ts: [torch.hash_tensor(t) for t in ts]
+                + [torch.hash_tensor(ts[-1], [0]), torch.hash_tensor(ts[-1], [0, 2], keepdim=True)], *ts)
+    assert got[0].dtype == torch.uint64
+
+
 # ---------------------------------------------------------------------------------------
 # Order statistics (lowering/selection.py): PyTorch CPU's tie rules.
 def _ties(*shape, hi=3, seed=0):

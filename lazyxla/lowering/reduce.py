@@ -1,5 +1,5 @@
 """Reductions (sum, mean, prod, max/min, arg-max/min, any/all, var/std, vector norms,
-logsumexp), scans (cumsum, cumprod, cummax/cummin with indices, logcumsumexp), sort and
+logsumexp, hash_tensor), scans (cumsum, cumprod, cummax/cummin with indices, logcumsumexp), sort and
 top-k as JAX functions.
 
 Reductions accumulate in float32 for half types and in int64 for integer sums, as
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..xla import jnp_dtype
 from .registry import register
@@ -119,6 +120,26 @@ def _is_all_true(sig, x):
 @register("_is_any_true.default")
 def _is_any_true(sig, x):
     return jnp.any(x)
+
+
+@register("hash_tensor.default", zero_d="input")
+def _hash_tensor(sig, x, dim=(), keepdim=False, mode=0):
+    """mode 0: the xor of the elements' bits, each widened to 64 bits first (floats to
+    float64, integers and bools to int64) and read as uint64."""
+    if mode != 0:
+        raise NotImplementedError(f"aten::hash_tensor: mode {mode}")
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        bits = jax.lax.bitcast_convert_type(x.astype(jnp.float64), jnp.uint64)
+    elif x.dtype == jnp.uint64:
+        bits = x
+    else:
+        bits = jax.lax.bitcast_convert_type(x.astype(jnp.int64), jnp.uint64)
+    ax = _dims(x, dim)
+    axes = tuple(range(x.ndim)) if ax is None else ax
+    out = jax.lax.reduce(bits, np.uint64(0), jax.lax.bitwise_xor, axes)
+    if keepdim:
+        out = jnp.reshape(out, tuple(1 if i in axes else n for i, n in enumerate(x.shape)))
+    return out
 
 
 def _correction(correction, unbiased=None):
