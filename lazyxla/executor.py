@@ -19,7 +19,7 @@ from . import events, metrics, persistent_cache, rng
 from .cache import CachedProgram, computation_cache
 from .compiler import compile_graph, hlo_text, specs
 from .config import env_flag
-from .execution import ExecutionError, resolve, run, wait_device_ops  # noqa: F401  (wait_device_ops: API)
+from .execution import resolve, run, wait_device_ops  # noqa: F401  (wait_device_ops: API)
 from .graph import Graph
 from .graph_hash import KeyRequest, compute
 from .storage import pending, reads_on_host, view_on_host

@@ -22,7 +22,7 @@ from torch._ops import OpOverload
 
 from . import lowering
 from .config import env_flag
-from .device import DEVICE, is_lazy
+from .device import is_lazy
 from .errors import LazyXlaError
 from .ir import OpSig, Slot, TensorMeta, fmt_where
 from .xla import jnp_dtype

@@ -158,14 +158,20 @@ class TensorState:
         self.version = st.version
 
 
+# Views that change the dtype or the values themselves (PyTorch's conjugate and negative views)
+_NOT_SCATTERABLE = ("aten::view_as_real", "aten::view_as_complex", "aten::view.dtype", "aten::_conj",
+                    "aten::_neg_view")
+
+
 def _check_scatterable(chain):
-    """A write through a view is scattered by an index map of the storage, which a view that
-    changes the dtype (view_as_real, view(dtype)) cannot carry: refused, never written wrong."""
+    """A write through a view is scattered by an index map of the storage, which carries
+    positions only: a view that changes the dtype or the values cannot be written through.
+    Refused, never written wrong."""
     for vsig, i in chain:
-        if vsig.op in ("aten::view_as_real", "aten::view_as_complex", "aten::view.dtype"):
-            raise LazyXlaError(f"{vsig.op}: lazyxla cannot write through a view that changes the dtype "
-                               f"({vsig.outs[i]!r}) at {fmt_where(user_frame(1))}; compute the new value and "
-                               f"assign the viewed tensor")
+        if vsig.op in _NOT_SCATTERABLE:
+            raise LazyXlaError(f"{vsig.op}: lazyxla cannot write through a view that changes the dtype or the "
+                               f"values ({vsig.outs[i]!r}) at {fmt_where(user_frame(1))}; compute the new value "
+                               f"and assign the viewed tensor")
 
 
 _SCATTER_SIGS: dict = {}

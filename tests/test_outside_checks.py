@@ -128,6 +128,8 @@ def test_a_write_to_a_view_computed_on_the_cpu_is_refused():
     z = torch.complex(torch.randn(3), torch.randn(3)).to(DEV)
     with pytest.raises(lazyxla.LazyXlaError, match="view_as_real.*changes the dtype"):
         torch.view_as_real(z).mul_(2)
+    with pytest.raises(lazyxla.LazyXlaError, match="_conj.*changes the dtype or the values"):
+        z.conj().mul_(2)  # a conjugate view: a write through it would be scattered unconjugated
 
 
 def test_batch_norm_saved_statistics_have_eager_shapes():

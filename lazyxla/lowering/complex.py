@@ -25,11 +25,11 @@ def _polar(sig, abs_, angle):
     return lax.complex(a * jnp.cos(t), a * jnp.sin(t))
 
 
-@register("view_as_real.default")
+@register("view_as_real.default", "view_as_real_copy.default")
 def _view_as_real(sig, x):
     return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
 
 
-@register("view_as_complex.default")
+@register("view_as_complex.default", "view_as_complex_copy.default")
 def _view_as_complex(sig, x):
     return lax.complex(x[..., 0], x[..., 1])

@@ -408,28 +408,10 @@ def _signbit(sig, x):
     return x < 0 if jnp.issubdtype(x.dtype, jnp.signedinteger) else jnp.zeros(x.shape, bool)
 
 
-@register("copysign.Tensor", "copysign.Scalar")
-def _copysign(sig, a, b):
-    dt = _float_dt(sig)
-    return jnp.copysign(_c(a, dt), _c(b, dt))
-
-
-@register("fmax.default")
-def _fmax(sig, a, b):
-    dt = _cd(sig)
-    return jnp.fmax(_c(a, dt), _c(b, dt))
-
-
-@register("fmin.default")
-def _fmin(sig, a, b):
-    dt = _cd(sig)
-    return jnp.fmin(_c(a, dt), _c(b, dt))
-
-
-@register("nextafter.default")
-def _nextafter(sig, a, b):
-    dt = _cd(sig)
-    return jnp.nextafter(_c(a, dt), _c(b, dt))
+register("copysign.Tensor", "copysign.Scalar")(_binary(jnp.copysign, _float_dt))
+register("fmax.default")(_binary(jnp.fmax))
+register("fmin.default")(_binary(jnp.fmin))
+register("nextafter.default")(_binary(jnp.nextafter))
 
 
 @register("frexp.Tensor")

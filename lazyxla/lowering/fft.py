@@ -61,6 +61,6 @@ def fft_c2r(sig, x, dim, normalization, last_dim_size):
 
 # ifft, hfft and ihfft conjugate their input or output. ``_conj`` is a view in PyTorch (it
 # sets the conjugate bit); on the device its value is the conjugate itself.
-@register("_conj.default", "_conj_physical.default")
+@register("_conj.default", "_conj_physical.default", "_conj_copy.default")
 def conj(sig, x):
     return jnp.conj(x)

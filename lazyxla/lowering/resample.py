@@ -416,20 +416,11 @@ def grid_sampler_3d(sig, x, grid, interpolation_mode, padding_mode, align_corner
     return _grid_sample(_f(x), _f(grid), interpolation_mode, padding_mode, align_corners)
 
 
-@register("grid_sampler_3d_backward.default")
-def grid_sampler_3d_backward(sig, grad, x, grid, interpolation_mode, padding_mode, align_corners,
-                             output_mask):
-    _check_mode(interpolation_mode, 3)
-    fwd = lambda x_, g_: _grid_sample(x_, g_, interpolation_mode, padding_mode, align_corners)
-    gx, gg = _vjp(fwd, (_f(x), _f(grid)), _f(grad))
-    return _masked(sig, output_mask, [lambda: gx, lambda: gg])
-
-
-@register("grid_sampler_2d_backward.default")
-def grid_sampler_2d_backward(sig, grad, x, grid, interpolation_mode, padding_mode, align_corners,
-                             output_mask):
-    """(The forward is PyTorch's decomposition.) The vjp of the same sampling."""
-    _check_mode(interpolation_mode, 2)
+@register("grid_sampler_2d_backward.default", "grid_sampler_3d_backward.default")
+def grid_sampler_backward(sig, grad, x, grid, interpolation_mode, padding_mode, align_corners,
+                          output_mask):
+    """The vjp of the sampling (the 2-d forward itself is PyTorch's decomposition)."""
+    _check_mode(interpolation_mode, grid.shape[-1])
     fwd = lambda x_, g_: _grid_sample(x_, g_, interpolation_mode, padding_mode, align_corners)
     gx, gg = _vjp(fwd, (_f(x), _f(grid)), _f(grad))
     return _masked(sig, output_mask, [lambda: gx, lambda: gg])

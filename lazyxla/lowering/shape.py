@@ -46,19 +46,8 @@ def _neg_view_copy(sig, x):
     return -x
 
 
-@register("_conj_copy.default")
-def _conj_copy(sig, x):
-    return jnp.conj(x)
 
 
-@register("view_as_real_copy.default")
-def _view_as_real_copy(sig, x):
-    return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
-
-
-@register("view_as_complex_copy.default")
-def _view_as_complex_copy(sig, x):
-    return lax.complex(x[..., 0], x[..., 1])
 
 
 @register("t.default")
