@@ -184,7 +184,31 @@ def special_for(func, info):
         s = _foreach
     if s is None and info.inplace_view:
         s = _inplace_view
+    if s is None and info.kind in ("inplace", "out") and info.functional not in (None, func):
+        s = _with_defaults(func, info.functional)
     return s
+
+
+def _with_defaults(func, functional):
+    """PyTorch leaves out trailing arguments equal to their defaults when it dispatches, and some
+    in-place ops have defaults their functional form lacks (``bernoulli_.float``'s ``p=0.5``,
+    ``bernoulli.p`` has none): a special that puts them back, or None when nothing is missing."""
+    required = {a.name for a in functional._schema.arguments if not a.has_default_value()}
+    args = func._schema.arguments
+    fill = [(i, a) for i, a in enumerate(args) if a.has_default_value() and a.name in required]
+    if not fill:
+        return None
+    last = max(i for i, a in fill if not a.kwarg_only) if any(not a.kwarg_only for _, a in fill) else -1
+    positional = [a.default_value for a in args[:last + 1]]
+    kw_fill = {a.name: a.default_value for _, a in fill if a.kwarg_only}
+
+    def special(func, info, a, kw):
+        if len(a) <= last:
+            a = tuple(a) + tuple(positional[len(a):])
+        if kw_fill:
+            kw = {**kw_fill, **kw}
+        return Record(a, kw)
+    return special
 
 
 # ---------------------------------------------------------------------------------------

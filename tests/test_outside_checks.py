@@ -205,3 +205,28 @@ def test_complex_broadcasts_and_sparse_inputs_say_what_is_unsupported():
     torch.testing.assert_close(torch.polar(a.abs().to(DEV), b.to(DEV)).cpu(), torch.polar(a.abs(), b))
     with pytest.raises(lazyxla.LazyXlaError, match="sparse_coo tensors.*to_dense"):
         torch.randn(3, 3).to_sparse().to(DEV)
+
+
+def test_in_place_and_out_overloads_use_the_functional_form_with_the_same_argument_types():
+    x = torch.rand(5)
+    # pow_.Scalar is (Tensor self, Scalar exponent); pow.Scalar is (Scalar self, Tensor exponent)
+    torch.testing.assert_close(x.to(DEV).pow_(2.5).cpu(), x.clone().pow_(2.5))
+    out = torch.empty(5, device=DEV)
+    torch.add(x.to(DEV), 2, out=out)  # add.Scalar_out: add.Scalar, not add.Tensor
+    torch.testing.assert_close(out.cpu(), x + 2)
+    out = torch.empty(5, dtype=torch.bool, device=DEV)
+    torch.eq(x.to(DEV), 0.5, out=out)
+    assert torch.equal(out.cpu(), x == 0.5)
+
+
+def test_defaults_left_out_by_the_dispatcher_are_put_back():
+    # PyTorch drops bernoulli_'s p when it equals the default 0.5, which bernoulli.p does not have
+    kept = F.dropout2d(torch.ones(64, 8, 1, 1, device=DEV), 0.5).cpu()
+    assert set(kept.unique().tolist()) <= {0.0, 2.0} and 0 < kept.count_nonzero() < 512
+    assert 0.3 < torch.ones(2000, device=DEV).bernoulli_().mean().item() < 0.7
+
+
+def test_vdot_conjugates_its_first_operand():
+    a, b = torch.randn(4, dtype=torch.complex64), torch.randn(4, dtype=torch.complex64)
+    torch.testing.assert_close(torch.vdot(a.to(DEV), b.to(DEV)).cpu(), torch.vdot(a, b))
+    torch.testing.assert_close(torch.linalg.vecdot(a.to(DEV), b.to(DEV)).cpu(), torch.linalg.vecdot(a, b))

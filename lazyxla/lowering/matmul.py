@@ -50,10 +50,16 @@ def _mv(sig, a, b):
     return jnp.matmul(a, b, precision=HI)
 
 
-@register("dot.default", "vdot.default")
+@register("dot.default")
 def _dot(sig, a, b):
     a, b = _mmdt(sig, a, b)
     return jnp.dot(a, b, precision=HI)
+
+
+@register("vdot.default")
+def _vdot(sig, a, b):
+    a, b = _mmdt(sig, a, b)
+    return jnp.vdot(a, b, precision=HI)  # the first operand conjugated (a no-op for real ones)
 
 
 def _scaled(x, s):

@@ -83,21 +83,31 @@ def functional_of(func: OpOverload):
     name = s.name.split("::", 1)[1]
     if name.endswith("_") and not name.endswith("__"):
         packet = getattr(aten, name[:-1], None)
+        wanted = _arguments(s.arguments)
         f = getattr(packet, s.overload_name or "default", None) if packet is not None else None
-        # transpose_ (default) is transpose.int: failing the same overload name, the same arguments
-        r = f if f is not None and not _writes(f) else _overload_taking(packet, [a.name for a in s.arguments])
+        # The same overload name usually takes the same arguments, but not always: pow_.Scalar
+        # takes (Tensor self, Scalar exponent), pow.Scalar (Scalar self, Tensor exponent), and
+        # transpose_ (default) is transpose.int. Failing that, the overload with the same arguments.
+        same = f is not None and not _writes(f) and _arguments(f._schema.arguments) == wanted
+        r = f if same else _overload_taking(packet, wanted)
     else:
         written = set(_writes(func))
-        r = _overload_taking(getattr(aten, name, None), [a.name for a in s.arguments if a.name not in written])
+        r = _overload_taking(getattr(aten, name, None),
+                             _arguments([a for a in s.arguments if a.name not in written]))
     _FUNCTIONAL[func] = r
     return r
 
 
-def _overload_taking(packet, names):
+def _arguments(args):
+    """Names and types of schema arguments, alias annotations left out (``Tensor(a!)`` is ``Tensor``)."""
+    return [(a.name, str(a.real_type)) for a in args]
+
+
+def _overload_taking(packet, wanted):
     """The overload of ``packet`` that writes nothing and takes exactly these arguments."""
     for ov in packet.overloads() if packet is not None else ():
         f = getattr(packet, ov)
-        if not _writes(f) and [a.name for a in f._schema.arguments] == names:
+        if not _writes(f) and _arguments(f._schema.arguments) == wanted:
             return f
     return None
 
