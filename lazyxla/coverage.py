@@ -619,8 +619,16 @@ device: `torch.where(m, x, 0)` or `(x * m).sum()` instead of `x[m]` / `x[m].sum(
 writes through a mask (`x[m] = v`, `masked_fill`, `index_put` with a mask, `masked_scatter`)
 have a static shape and are lowered.
 
-One more core op goes to the host by nature: `_local_scalar_dense` is `.item()`, a value
-read by definition.
+Others answer with a Python value, so the value has to reach the host; each is a value read
+that cuts the graph (as in torch_xla):
+
+- `_local_scalar_dense` is `.item()` (also `narrow` or `tensor_split` given a 0-dim tensor,
+  and decompositions that check a value, such as `gaussian_nll_loss`'s check of `var >= 0`);
+- `equal(a, b)` and `allclose(a, b)` return a Python bool (`cov` and `corrcoef` call `equal`
+  on their weights); `torch.all(a == b)` or `torch.isclose(a, b).all()` stay on the device.
+
+Sparse layouts (`to_sparse`, `torch.sparse.*`) are refused with an error that says so: XLA
+keeps dense arrays only, and so does torch_xla.
 """
 
 

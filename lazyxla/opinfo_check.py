@@ -15,8 +15,9 @@ Not random means none of:
   ``signal.windows.exponential``, ``nn.functional.normalize``, ``poisson_nll_loss`` or
   ``native_dropout_backward``, which are deterministic);
 - ``opinfo.has_nondeterministic_output`` (``empty`` and friends: values unspecified);
-- the eager CPU run of one of its samples reaches an ATen op tagged
-  ``torch.Tag.nondeterministic_seeded`` (a safety net for random ops the names miss).
+- the eager CPU run of every one of its samples reaches an ATen op tagged
+  ``torch.Tag.nondeterministic_seeded`` (a safety net for random ops the names miss; a single
+  random sample, such as attention with ``dropout_p > 0``, is passed over for the next one).
 Those are listed as excluded and left out of the count.
 
 Per sample: eager on the CPU (a sample eager rejects is skipped), then the same call with
@@ -34,7 +35,9 @@ Per OpInfo the status is ``ok`` (every sample matches, no ``aten::*`` counter mo
 ``fallback`` (matches, but an ``aten::*`` counter moved), ``wrong`` (a value, shape, dtype or
 output count differs), ``error`` (lazyxla raised where eager did not; eager CPU raised only
 because lazyxla is imported (a lazyxla frame or ``torch.lazyxla`` in the error); the op ran
-past its time limit, ``--time-limit``, 60 s) or ``no-sample`` (no sample eager accepts). A
+past its time limit, ``--time-limit``, 60 s), ``refused`` (every problem is lazyxla's own
+error for an input it does not support on purpose, ``REFUSED``: sparse layouts) or
+``no-sample`` (no sample eager accepts). A
 wrong sample outranks an error, an error a fallback. The first problem is kept. One op never
 stops the run: each sample's failure is caught, and pending IR is synced and garbage collected
 after each OpInfo.
@@ -68,7 +71,11 @@ from .device import device
 from .executor import read_values
 from .tensor import LazyTensor
 
-STATUSES = ("ok", "fallback", "wrong", "error", "no-sample")
+STATUSES = ("ok", "fallback", "wrong", "error", "refused", "no-sample")
+
+# What lazyxla refuses on purpose, with a LazyXlaError that says so: XLA has dense arrays only,
+# so sparse layouts (COO, CSR, ...) are not kept on the device (torch_xla has none either).
+REFUSED = re.compile(r"^LazyXlaError: .*does not support torch\.sparse_\w+ tensors")
 
 RANDOM_NAME = re.compile(r"^(nn\.functional\.)?(rand\w*|normal|bernoulli|multinomial|\w*dropout(\dd)?|uniform"
                          r"|exponential|geometric|cauchy|log_normal|poisson|rrelu|fractional_max_pool\dd"
@@ -388,12 +395,14 @@ class _Alarm:
 
 
 def check_opinfo(opinfo, samples: int = 3, time_limit: float = 60.0):
-    """The ``OpResult`` of one OpInfo, or ``None`` if a sample turned out to be random."""
+    """The ``OpResult`` of one OpInfo on its first ``samples`` samples that are not random (a
+    sample that reaches a random op, such as attention with ``dropout_p > 0``, is passed over),
+    or ``None`` if every sample was random."""
     name = full_name(opinfo)
     dev = device()
     t0 = time.monotonic()
     counters = collections.Counter()
-    problems, wrong, rejected, accepted = [], [], [], 0
+    problems, wrong, rejected, accepted, random_samples = [], [], [], 0, 0
     try:
         with _Alarm(time_limit), torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -401,15 +410,18 @@ def check_opinfo(opinfo, samples: int = 3, time_limit: float = 60.0):
             manual_seed(0)
             try:
                 it = opinfo.sample_inputs("cpu", torch.float32, requires_grad=False)
-                batch = list(itertools.islice(it, samples))
+                batch = list(itertools.islice(it, 4 * samples))
             except Exception as e:
                 return OpResult(name, "no-sample", problem="sample_inputs: " + _first_line(e),
                                 seconds=time.monotonic() - t0)
             for s in batch:
+                if accepted + len(rejected) == samples:
+                    break
                 try:
                     r = check_sample(opinfo, s, dev)
-                except _Random:
-                    return None
+                except _Random:  # a random sample (dropout_p > 0): the next one instead
+                    random_samples += 1
+                    continue
                 except _Rejected as e:
                     rejected.append(str(e))
                     continue
@@ -433,7 +445,10 @@ def check_opinfo(opinfo, samples: int = 3, time_limit: float = 60.0):
     if wrong:
         return OpResult(name, "wrong", accepted, counters, wrong[0][len("wrong: "):], secs)
     if problems:
-        return OpResult(name, "error", accepted, counters, problems[0], secs)
+        refused = all(REFUSED.match(p) for p in problems)
+        return OpResult(name, "refused" if refused else "error", accepted, counters, problems[0], secs)
+    if not accepted and random_samples and not rejected:
+        return None
     if not accepted:
         why = f"eager rejects every sample ({rejected[0]})" if rejected else "no samples"
         return OpResult(name, "no-sample", 0, {}, why, secs)
@@ -449,7 +464,7 @@ def run(names=None, samples: int = 3, time_limit: float = 60.0, progress=None):
             progress(i, len(opinfos), full_name(o))
         r = check_opinfo(o, samples, time_limit)
         if r is None:
-            excluded[full_name(o)] = "random (a sample reaches a nondeterministic_seeded ATen op)"
+            excluded[full_name(o)] = "random (every sample reaches a nondeterministic_seeded ATen op)"
         else:
             results.append(r)
     return results, dict(sorted(excluded.items()))
@@ -470,7 +485,7 @@ def totals_line(results) -> str:
     c, n = totals(results), len(results)
     return (f"opinfo: {n} ops, {c['ok']} ok, {c['fallback']} fallback "
             f"({100 * c['fallback'] / n if n else 0.0:.1f}%), {c['wrong']} wrong, {c['error']} error, "
-            f"{c['no-sample']} no-sample")
+            f"{c['refused']} refused, {c['no-sample']} no-sample")
 
 
 def _counters_text(counters) -> str:
@@ -521,7 +536,9 @@ first {samples} float32 samples, run on eager CPU and on `lazyxla.device()`, com
 (`lazyxla/opinfo_check.py` says how). Per OpInfo: *ok* (every sample matches, no `aten::*`
 counter moved), *fallback* (matches, but some `aten::*` counter moved: part of the op ran on the
 CPU, or the op read a value to the host), *wrong* (a value, shape or dtype differs), *error*
-(lazyxla raised where eager did not), *no-sample* (eager rejects every sample).
+(lazyxla raised where eager did not), *refused* (lazyxla raised, on purpose, the error that
+says the input is unsupported: sparse layouts, as XLA keeps dense arrays only), *no-sample*
+(eager rejects every sample).
 
 ```
 {totals}
@@ -553,8 +570,8 @@ def page(results, excluded, samples, seconds) -> str:
         parts.append("")
     else:
         parts.append("None.\n")
-    bad = [r for r in _sorted(results) if r.status in ("wrong", "error", "no-sample")]
-    parts.append("## Wrong, erroring, no sample\n")
+    bad = [r for r in _sorted(results) if r.status in ("wrong", "error", "refused", "no-sample")]
+    parts.append("## Wrong, erroring, refused, no sample\n")
     if bad:
         parts.append("| OpInfo | status | first problem |\n|---|---|---|")
         parts.extend(f"| `{r.name}` | {r.status} | {_cell(r.problem)} |" for r in bad)

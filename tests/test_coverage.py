@@ -96,7 +96,7 @@ def test_cli_writes_the_table(tmp_path):
 # ---------------------------------------------------------------------------------------
 # lazyxla coverage --opinfo (lazyxla/opinfo_check.py): whole OpInfos on the lazy device.
 TOTALS = (r"^opinfo: (\d+) ops, (\d+) ok, (\d+) fallback \((\d+\.\d)%\), (\d+) wrong, (\d+) error, "
-          r"(\d+) no-sample$")
+          r"(\d+) refused, (\d+) no-sample$")
 
 
 def test_opinfo_runner_classifies_what_a_user_sees():
@@ -112,7 +112,7 @@ def test_opinfo_runner_classifies_what_a_user_sees():
     assert by["nonzero"].status == "fallback" and by["nonzero"].counters == {"aten::nonzero": 3}
     assert by["equal"].status == "fallback" and by["equal"].counters  # a bool: the value goes to the host
     line = opinfo_check.totals_line(results)
-    assert line == "opinfo: 4 ops, 2 ok, 2 fallback (50.0%), 0 wrong, 0 error, 0 no-sample"
+    assert line == "opinfo: 4 ops, 2 ok, 2 fallback (50.0%), 0 wrong, 0 error, 0 refused, 0 no-sample"
     assert re.match(TOTALS, line)
     assert opinfo_check.by_counter(results)["aten::nonzero"] == ["nonzero"]
 
@@ -163,7 +163,7 @@ def test_opinfo_runner_wrong_error_no_sample_and_time_limit():
     ok = check(_FakeOpInfo("same", lambda x: (x * 2).sum() > 0, n=1))  # a tensor of a bool
     assert ok.status == "ok"
     line = opinfo_check.totals_line([wrong, error, ok])
-    assert line == "opinfo: 3 ops, 1 ok, 0 fallback (0.0%), 1 wrong, 1 error, 0 no-sample"
+    assert line == "opinfo: 3 ops, 1 ok, 0 fallback (0.0%), 1 wrong, 1 error, 0 refused, 0 no-sample"
 
 
 def test_cli_opinfo_prints_totals_and_writes_json(tmp_path, capsys):
@@ -176,7 +176,7 @@ def test_cli_opinfo_prints_totals_and_writes_json(tmp_path, capsys):
                      "--markdown", str(page)]) == 0
     stdout = capsys.readouterr().out.splitlines()
     assert re.match(TOTALS, stdout[-1]), stdout[-1]
-    assert stdout[-1] == "opinfo: 2 ops, 1 ok, 1 fallback (50.0%), 0 wrong, 0 error, 0 no-sample"
+    assert stdout[-1] == "opinfo: 2 ops, 1 ok, 1 fallback (50.0%), 0 wrong, 0 error, 0 refused, 0 no-sample"
     records = {r["name"]: r for r in json.loads(out.read_text())["ops"]}
     assert records["nonzero"]["status"] == "fallback"
     assert records["nonzero"]["counters"] == {"aten::nonzero": 3}

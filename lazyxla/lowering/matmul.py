@@ -21,14 +21,8 @@ def _mmdt(sig, *xs):
     return [x.astype(dt) if x.dtype != dt else x for x in xs]
 
 
-@register("mm.default")
+@register("mm.default", "bmm.default", "mv.default", "dot.default")
 def _mm(sig, a, b):
-    a, b = _mmdt(sig, a, b)
-    return jnp.matmul(a, b, precision=HI)
-
-
-@register("bmm.default")
-def _bmm(sig, a, b):
     a, b = _mmdt(sig, a, b)
     return jnp.matmul(a, b, precision=HI)
 
@@ -42,18 +36,6 @@ def _trilinear(sig, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1)
             x = jnp.expand_dims(x, d)
         xs.append(x)
     return jnp.sum(xs[0] * xs[1] * xs[2], axis=tuple(sumdim))
-
-
-@register("mv.default")
-def _mv(sig, a, b):
-    a, b = _mmdt(sig, a, b)
-    return jnp.matmul(a, b, precision=HI)
-
-
-@register("dot.default")
-def _dot(sig, a, b):
-    a, b = _mmdt(sig, a, b)
-    return jnp.dot(a, b, precision=HI)
 
 
 @register("vdot.default")
