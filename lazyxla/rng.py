@@ -35,10 +35,22 @@ def _as_int64(v):
 def next_seed():
     """The IR value of a fresh seed for one random op."""
     global _seed_ir
+    _seed_ir = (Node(_NEXT, (current(),)), 0)
+    return _seed_ir
+
+
+def current():
+    """The IR value the next random op's seed is drawn from (a captured region takes it as an
+    input and hands back the value it left, ``set_current``)."""
+    global _seed_ir
     if _seed_ir is None:
         _seed_ir = (data_leaf(scalar_array(_as_int64(_seed), torch.int64), _META), 0)
-    _seed_ir = (Node(_NEXT, (_seed_ir,)), 0)
     return _seed_ir
+
+
+def set_current(value):
+    global _seed_ir
+    _seed_ir = value
 
 
 def mark_step():

@@ -1,0 +1,105 @@
+"""The torch.compile path against jax.jit, eager and the lazy path: the MLP step of step.py.
+
+MLP 784-512-512-10, batch 128, SGD with momentum 0.9, cross-entropy, one ``lazyxla.sync()``
+per step. Two ways to compile it:
+(a) ``torch.compile(model, backend="lazyxla")``: the forward compiled (its backward too, by
+    AOTAutograd), ``loss.backward()`` and ``opt.step()`` called as usual;
+(b) the whole step compiled: ``torch.compile(train_step, backend="lazyxla")`` over
+    ``zero_grad``, forward, ``backward()`` and ``opt.step()``.
+Prints ms per step for each, jax.jit (the same step, with donation), eager and the lazy path,
+all in this one run, the ratios to jax.jit, and the first call's latency (trace + compile)
+against the lazy path's first step. Issue 11's target: the better of (a)/(b) <= 1.10x jax.jit.
+Usage: python bench/compile_step.py [--steps N] [--repeats R]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from step import bench_eager, bench_jax, setup, time_loop, train_step
+
+
+def _lazy_setup():
+    import lazyxla
+    return lazyxla, setup(lazyxla.device())
+
+
+def bench_lazy(n):
+    lazyxla, state = _lazy_setup()
+
+    def step():
+        train_step(*state)
+        lazyxla.sync()
+    return time_loop(step, n, lazyxla.wait_device_ops)
+
+
+def bench_compiled_model(n):
+    lazyxla, (model, opt, x, y) = _lazy_setup()
+    cmodel = torch.compile(model, backend="lazyxla")
+
+    def step():
+        train_step(cmodel, opt, x, y)
+        lazyxla.sync()
+    return time_loop(step, n, lazyxla.wait_device_ops)
+
+
+def bench_compiled_step(n):
+    lazyxla, (model, opt, x, y) = _lazy_setup()
+
+    @torch.compile(backend="lazyxla")
+    def step_fn(x, y):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    def step():
+        step_fn(x, y)
+        lazyxla.sync()
+    return time_loop(step, n, lazyxla.wait_device_ops)
+
+
+def first_call(kind):
+    """Seconds of the first step (trace + compile + run), from a fresh model."""
+    lazyxla, (model, opt, x, y) = _lazy_setup()
+    torch._dynamo.reset()
+    if kind == "compiled":
+        model = torch.compile(model, backend="lazyxla")
+    t0 = time.perf_counter()
+    train_step(model, opt, x, y)
+    lazyxla.sync()
+    lazyxla.wait_device_ops()
+    return time.perf_counter() - t0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args(argv)
+    fns = {"jax.jit": bench_jax, "(a) compiled model": bench_compiled_model,
+           "(b) compiled step": bench_compiled_step, "lazy path": bench_lazy, "eager": bench_eager}
+    results = {k: [] for k in fns}
+    for _ in range(args.repeats):  # interleaved, so drift hits all alike
+        for k, f in fns.items():
+            results[k].append(f(args.steps))
+    med = {k: statistics.median(v) for k, v in results.items()}
+    for k, v in med.items():
+        print(f"{k:20s} {v:7.3f} ms/step  ratio to jax.jit {v / med['jax.jit']:.3f}  "
+              f"(runs: {', '.join(f'{x:.3f}' for x in results[k])})")
+    best = min(med["(a) compiled model"], med["(b) compiled step"])
+    print(f"better of (a)/(b) / jax.jit = {best / med['jax.jit']:.3f}  (target <= 1.10)")
+    lazy_first, compiled_first = first_call("lazy"), first_call("compiled")
+    print(f"first step: lazy path {lazy_first:.2f} s, compiled model {compiled_first:.2f} s "
+          f"(ratio {compiled_first / lazy_first:.2f})")
+    import lazyxla.debug.metrics as met
+    print(f"lazyxla compiles: UncachedCompile={met.counter_value('UncachedCompile')}, "
+          f"CachedCompile={met.counter_value('CachedCompile')}, "
+          f"regions captured={met.counter_value('DynamoExtractCompiledGraph')}")
+
+
+if __name__ == "__main__":
+    main()

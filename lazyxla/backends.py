@@ -1,0 +1,51 @@
+"""torch.compile backends: ``lazyxla`` (training, through AOTAutograd) and ``lazyxla_eval``
+(inference, the graph as Dynamo captured it), torch_xla's ``openxla`` and ``openxla_eval``.
+
+Each graph Dynamo hands over becomes a ``capture.Region``: traced once on the lazy device and
+then recorded as one IR node per call, so a step made of compiled regions and lazily recorded
+ops (a backward outside the compiled function, an optimizer step) runs as one program at
+``lazyxla.sync()``. The names resolve through PyTorch's ``torch_dynamo_backends`` entry point
+(this package's metadata): Dynamo imports this module the first time one is asked for.
+
+Importing this module imports Dynamo (about two seconds); ``import lazyxla`` does not.
+May touch: Dynamo's backend registry and wrapper table (``dynamo_internals``).
+"""
+from __future__ import annotations
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_compiler
+
+from . import dynamo_internals
+from .capture import Region
+from .device import DEVICE
+from .errors import LazyXlaError
+from .tensor import LazyTensor
+
+dynamo_internals.teach(LazyTensor)
+
+
+def _check_devices(name, example_inputs):
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor) and x.device.type != DEVICE.type and not (x.device.type == "cpu" and x.dim() == 0):
+            raise LazyXlaError(
+                f"torch.compile(backend={name!r}): graph input {i} is on {x.device}, not on {DEVICE} "
+                f"(shape {list(x.shape)}, {x.dtype}); move the model and its inputs with .to(lazyxla.device())")
+
+
+def lazyxla_eval(gm: torch.fx.GraphModule, example_inputs):
+    """Inference: the graph as Dynamo captured it, as one region."""
+    _check_devices("lazyxla_eval", example_inputs)
+    return Region(gm, "lazyxla_eval", keeps_aliases=True)
+
+
+def _aot_compiler(kind):
+    def compile_graph(gm, example_inputs):
+        _check_devices("lazyxla", example_inputs)
+        return Region(gm, kind, keeps_aliases=False)
+    return make_boxed_compiler(compile_graph)
+
+
+# Training: AOTAutograd splits forward and backward into two ATen graphs, each a region.
+lazyxla = aot_autograd(fw_compiler=_aot_compiler("lazyxla forward"), bw_compiler=_aot_compiler("lazyxla backward"),
+                       inference_compiler=_aot_compiler("lazyxla inference"))

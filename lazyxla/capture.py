@@ -1,0 +1,285 @@
+"""Captured regions: a torch.compile graph traced once, then recorded as one IR node per call.
+
+The torch.compile backends (``backends``) hand each FX graph to a ``Region``. The first call
+with a given signature (the inputs' shapes, dtypes and strides, and any non-tensor inputs) runs
+the graph on the lazy device, as ordinary lazy tracing, and captures the IR it recorded between
+the inputs' values and the outputs' values. Every captured node is copied with the inputs
+replaced by numbered placeholders, so the copy's hashes depend on the operations alone, and
+the region's hash is folded from them there, once (R13: "computed once, ahead of time").
+
+Each call (the first one too) then records a single ``lazyxla::region`` node: its operands are
+the inputs' current values, the constants the graph used (device data: hashed by shape and
+dtype, bound as parameters) and, when the graph draws random numbers, the RNG seed value
+(``rng.current``; the seed it leaves is handed back, so every call draws new numbers, R8). Its
+lowering evaluates the copied nodes inside whatever program the step becomes: compiled regions
+and lazily recorded ops of one step sync as one program, found in the cache by the graph
+hash like any other. Inputs the graph wrote in place get their new values from the node.
+
+A graph whose run needed values on the host (an op without a lowering ran on the CPU, or a
+value was read; or a 0-dim CPU tensor is among its inputs, as Adam's step count is, whose ops
+run on the CPU while tracing and would be frozen into a capture), or whose outputs alias its inputs or each other (``lazyxla_eval`` graphs; the
+AOTAutograd ones regenerate such aliases themselves), or that must build autograd history
+(``lazyxla_eval`` called with inputs that require grad) is not captured: each call runs it by
+lazy tracing, which gives eager's numbers and cuts the program where values are read.
+
+May touch: the RNG chain (to thread the seed through a region), lazy tensors' states, the
+tracing metrics.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import metrics, rng
+from .device import DEVICE
+from .errors import LazyXlaError
+from .hashing import fold
+from .ir import Node, OpSig, Slot, fmt_where, user_frame
+from .lowering import lower_node
+from .storage import fresh
+from .tensor import LazyTensor
+
+REGION_OP = "lazyxla::region"
+_COUNTERS = metrics.COUNTERS
+
+
+class _Input:
+    """A region input's placeholder signature: which input, of what meta."""
+
+    __slots__ = ("k",)
+
+    def __init__(self, k):
+        self.k = k
+
+    def __lazyxla_encode__(self):
+        return b"in" + str(self.k).encode() + b";"
+
+
+def _input_sig(k, meta):
+    return OpSig("lazyxla::region_input", None, None, ((_Input(k),), ()), (meta,))
+
+
+class RegionKey:
+    """The region's hash inside the ``lazyxla::region`` signature (hashed as its bytes)."""
+
+    __slots__ = ("hash", "name")
+
+    def __init__(self, h, name):
+        self.hash = h
+        self.name = name
+
+    def __lazyxla_encode__(self):
+        return b"R" + self.hash
+
+    def __repr__(self):
+        return f"{self.name}#{self.hash.hex()[:8]}"
+
+
+class Program:
+    """The copied nodes of one capture, evaluated as the lowering of its region node."""
+
+    __slots__ = ("inputs", "post", "roots", "n_ops")
+
+    def __init__(self, inputs, post, roots):
+        self.inputs = inputs  # placeholder nodes, in operand order
+        self.post = post      # copied op nodes, operands first
+        self.roots = roots    # (copied node, output index) per region output
+        self.n_ops = len(post)
+
+
+def _lower_region(sig, key, *vals):
+    prog = sig.func
+    env = {id(p): (v,) for p, v in zip(prog.inputs, vals)}
+    for n in prog.post:
+        env[id(n)] = lower_node(n, [env[id(o)][i] for o, i in n.operands])
+    return tuple(env[id(r)][i] for r, i in prog.roots)
+
+
+class Capture:
+    """What one signature of a region records per call (``lazy``: traced every call instead)."""
+
+    __slots__ = ("sig", "consts", "random", "outs", "mutated", "lazy", "why", "container")
+
+    def __init__(self, lazy=False, why=""):
+        self.lazy = lazy
+        self.why = why
+        self.sig = None
+        self.consts = ()
+        self.random = False
+        self.outs = ()      # per graph output: a meta (a lazy tensor), or ("const", value)
+        self.mutated = ()   # input positions the graph writes, in output order after the outs
+        self.container = tuple  # the graph returns a tuple, a list, or (None) one value
+
+
+_CPU_SCALAR = ("cpu scalar",)
+
+
+def _host_marks():
+    """Counters that move when values reach the host: programs run, ops run on the CPU."""
+    c = _COUNTERS
+    return c.get("ExecuteComputation", 0), sum(v for k, v in c.items() if k.startswith("aten::"))
+
+
+class Region:
+    """One FX graph compiled by a lazyxla backend; called with the graph's inputs."""
+
+    def __init__(self, gm, name: str, keeps_aliases: bool):
+        self.gm = gm
+        self.name = name
+        self.keeps_aliases = keeps_aliases  # lazyxla_eval: outputs may alias inputs (no AOTAutograd)
+        self.captures: dict = {}
+
+    def __call__(self, *args):
+        key = []
+        states = []
+        for i, a in enumerate(args):
+            if type(a) is LazyTensor:
+                s = a._state
+                states.append(s)
+                key.append(s.meta)
+            elif isinstance(a, torch.Tensor) and a.device.type == "cpu" and a.dim() == 0:
+                key.append(_CPU_SCALAR)  # its value is read on the host each call: see _capture
+            elif isinstance(a, torch.Tensor):
+                raise LazyXlaError(
+                    f"{self.name}: input {i} is on {a.device} but this function was compiled for {DEVICE} "
+                    f"(shape {list(a.shape)}, {a.dtype}) at {fmt_where(user_frame(2))}; move the model and its "
+                    f"inputs with .to(lazyxla.device())")
+            else:
+                key.append(("v", type(a), a))
+        key = tuple(key)
+        c = self.captures.get(key)
+        if c is None:
+            if self.keeps_aliases and torch.is_grad_enabled() and any(
+                    isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+                # autograd has to see the ops: no capture for this call (nor cached)
+                return self.gm(*args)
+            c, traced = self._capture(args, states, key)
+            self.captures[key] = c
+            if c.lazy:
+                return traced  # this call's outputs, from the tracing run
+            return self._replay(c, states, traced)  # the inputs' values from before the trace
+        if c.lazy:
+            metrics.counter_inc("DynamoRegionTracedLazily")
+            return self.gm(*args)
+        return self._replay(c, states)
+
+    # -- capture ---------------------------------------------------------------------------
+    def _capture(self, args, states, key):
+        before = [s.value() for s in states]
+        seed0 = rng.current()
+        marks = _host_marks()
+        outs = self.gm(*args)
+        seed1 = rng.current()
+        if _CPU_SCALAR in key:
+            return Capture(lazy=True, why="a CPU scalar tensor input (such as an optimizer's step count) is "
+                                          "computed with on the host"), outs
+        if _host_marks() != marks:
+            return Capture(lazy=True, why="values were read on the host while tracing it"), outs
+        flat = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        lazy_outs = [o for o in flat if type(o) is LazyTensor]
+        if self.keeps_aliases and _aliases(lazy_outs, states):
+            return Capture(lazy=True, why="its outputs alias its inputs or each other"), outs
+        c = Capture()
+        after = [s.value() for s in states]
+        c.mutated = tuple(k for k, (b, a) in enumerate(zip(before, after)) if a is not b)
+        c.random = seed1 is not seed0
+        inputs = before + ([seed0] if c.random else [])
+        metas = [s.meta for s in states] + ([seed0[0].sig.outs[seed0[1]]] if c.random else [])
+        roots = [o._state.value() for o in lazy_outs] + [after[k] for k in c.mutated] + ([seed1] if c.random else [])
+        out_metas = [o._state.meta for o in lazy_outs] + [states[k].meta for k in c.mutated] + \
+            ([seed1[0].sig.outs[seed1[1]]] if c.random else [])
+        prog, consts = _copy(inputs, metas, roots)
+        c.consts = tuple(consts)
+        c.outs = tuple(o._state.meta if type(o) is LazyTensor else ("const", o) for o in flat)
+        h = fold(b"region", *[r.vh[i] for r, i in prog.roots])
+        template = ((RegionKey(h, self.name),) + tuple(Slot(i) for i in range(len(prog.inputs))), ())
+        c.sig = OpSig(REGION_OP, prog, _lower_region, template, out_metas)
+        rng.set_current(seed0)  # the call itself draws the numbers, through the region node
+        metrics.counter_inc("DynamoExtractCompiledGraph")
+        c.container = type(outs) if isinstance(outs, (tuple, list)) else None
+        return c, before
+
+    # -- replay ----------------------------------------------------------------------------
+    def _replay(self, c, states, vals=None):
+        vals = [s.value() for s in states] if vals is None else list(vals)
+        if c.random:
+            vals.append(rng.current())
+        vals.extend(c.consts)
+        node = Node(c.sig, tuple(vals), user_frame(3))
+        out = []
+        j = 0
+        for m in c.outs:
+            if type(m) is tuple:
+                out.append(m[1])
+            else:
+                out.append(LazyTensor(fresh((node, j), m)))
+                j += 1
+        for k in c.mutated:
+            states[k].write((node, j))
+            j += 1
+        if c.random:
+            rng.set_current((node, j))
+        metrics.counter_inc("DynamoRegionCall")
+        if c.container is None:
+            return out[0]
+        return out if c.container is list else tuple(out)
+
+
+def _aliases(outs, states) -> bool:
+    seen = {id(s.storage) for s in states}
+    for o in outs:
+        st = id(o._state.storage)
+        if st in seen:
+            return True
+        seen.add(st)
+    return False
+
+
+def _copy(inputs, metas, roots):
+    """The nodes between ``inputs`` and ``roots`` (IR values), copied with each input (and each
+    device-data constant met on the way) replaced by a numbered placeholder. Returns the
+    ``Program`` and the constants' values, in placeholder order after the inputs."""
+    index = {}
+    placeholders = []
+    for k, ((n, i), m) in enumerate(zip(inputs, metas)):
+        index.setdefault((id(n), i), k)
+        placeholders.append(Node(_input_sig(k, m), ()))
+    consts = []
+
+    def boundary(o, i):
+        return (id(o), i) in index or o.data is not None
+
+    done, order = set(), []
+    for root, i in roots:
+        if boundary(root, i) or id(root) in done:
+            continue
+        stack = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if id(node) in done:
+                continue
+            if not expanded:
+                stack.append((node, True))
+                stack.extend((o, False) for o, j in node.operands if not boundary(o, j) and id(o) not in done)
+                continue
+            done.add(id(node))
+            order.append(node)
+
+    copies = {}
+
+    def operand(o, i):
+        k = index.get((id(o), i))
+        if k is None and o.data is not None:  # a constant: bound as a parameter of the program
+            k = index[(id(o), i)] = len(placeholders)
+            placeholders.append(Node(_input_sig(k, o.sig.outs[i]), ()))
+            consts.append((o, i))
+        if k is not None:
+            return (placeholders[k], 0)
+        return (copies[id(o)], i)
+
+    post = []
+    for n in order:
+        cn = Node(n.sig, tuple(operand(o, i) for o, i in n.operands), n.where)
+        copies[id(n)] = cn
+        post.append(cn)
+    croots = [operand(r, i) for r, i in roots]
+    return Program(placeholders, post, croots), consts

@@ -1,0 +1,219 @@
+"""torch.compile on the lazy device (issue 11): backends ``lazyxla`` and ``lazyxla_eval``.
+
+A compiled region is traced once and then recorded as one IR node per call, so whatever mix of
+compiled regions and lazily recorded ops a step has, it runs as one program at sync: the zoo
+trains like eager through torch.compile, one execution per step, nothing compiled once warm.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import lazyxla
+from lazyhelp import cnt
+from test_zoo import MODELS, OPTS, STEPS, batch, loss_of
+
+DEV = lazyxla.device()
+pytestmark = pytest.mark.usefixtures("nothing_pending")
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_both_backends_resolve_by_name():
+    from torch._dynamo.backends.registry import list_backends, lookup_backend
+    import lazyxla.backends as be
+    assert {"lazyxla", "lazyxla_eval"} <= set(list_backends())
+    assert lookup_backend("lazyxla") is be.lazyxla
+    assert lookup_backend("lazyxla_eval") is be.lazyxla_eval
+
+
+def _train(model, kind, opt_name, device, steps=STEPS, compiled=None):
+    """``steps`` steps; with ``compiled`` ('model' or 'step') through torch.compile. Returns the
+    losses and, per step, (executions, compiles) that the step's sync added."""
+    opt = OPTS[opt_name](model.parameters())
+    fwd = torch.compile(model, backend="lazyxla") if compiled == "model" else model
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = loss_of(kind, fwd(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    if compiled == "step":
+        step = torch.compile(step, backend="lazyxla")
+    model.train()
+    losses, counts = [], []
+    for i in range(steps):
+        x, y = (t.to(device) for t in batch(kind, i))
+        loss = step(x, y)
+        if device == DEV:
+            e, c = cnt("ExecuteComputation"), cnt("UncachedCompile")
+            lazyxla.sync()
+            counts.append((cnt("ExecuteComputation") - e, cnt("UncachedCompile") - c))
+        losses.append(loss)
+    return [float(v.item()) for v in losses], counts
+
+
+def _compare(kind, opt_name, compiled):
+    torch.manual_seed(0)
+    ref = MODELS[kind]()
+    lz = copy.deepcopy(ref).to(DEV)
+    want, _ = _train(ref, kind, opt_name, "cpu")
+    got, counts = _train(lz, kind, opt_name, DEV, compiled=compiled)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-6)
+    for (name, p_ref), p_lz in zip(ref.named_parameters(), lz.parameters()):
+        torch.testing.assert_close(p_lz.detach().cpu(), p_ref.detach(), rtol=1e-3, atol=1e-4, msg=name)
+    for (name, b_ref), b_lz in zip(ref.named_buffers(), lz.buffers()):
+        torch.testing.assert_close(b_lz.cpu(), b_ref, rtol=1e-3, atol=1e-4, msg=name)
+    # one step, one program: forward, backward and the update run as one execution
+    assert all(e == 1 for e, _ in counts), counts
+    # once warm (optimizer state exists after step 1) nothing compiles
+    assert all(c == 0 for _, c in counts[2:]), counts
+
+
+ZOO = [("mlp", "sgd"), ("cnn", "adamw-foreach"), ("resnet", "sgd"), ("lstm", "adam-foreach"),
+       ("gru", "sgd"), ("gpt", "adamw-foreach"), ("gpt", "adam-loop")]
+
+
+@pytest.mark.parametrize("kind,opt", ZOO, ids=[f"{k}-{o}" for k, o in ZOO])
+def test_zoo_trains_like_eager_through_torch_compile(kind, opt):
+    _compare(kind, opt, "model")
+
+
+@pytest.mark.parametrize("kind,opt", [("mlp", "sgd"), ("cnn", "adamw-foreach")])
+def test_a_whole_compiled_step_trains_like_eager_as_one_program(kind, opt):
+    _compare(kind, opt, "step")
+
+
+def test_a_whole_compiled_step_with_compiled_autograd(monkeypatch):
+    monkeypatch.setattr(torch._dynamo.config, "compiled_autograd", True)
+    _compare("mlp", "sgd", "step")
+
+
+def test_a_region_is_traced_once_and_found_by_its_hash_every_call():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 2)).to(DEV)
+    f = torch.compile(m, backend="lazyxla_eval")
+    x = torch.randn(3, 6)
+    with torch.no_grad():
+        want = m(x.to(DEV)).cpu()
+        captured = cnt("DynamoExtractCompiledGraph")
+        outs = []
+        for _ in range(4):
+            outs.append(f(x.to(DEV)))
+            h = lazyxla.graph_hash(outs[-1])
+            c = cnt("CachedCompile")
+            lazyxla.sync()
+            if len(outs) > 1:
+                assert h == first and cnt("CachedCompile") == c + 1  # the same program, by hash
+            else:
+                first = h
+    assert cnt("DynamoExtractCompiledGraph") == captured + 1  # traced once, not per call
+    for o in outs:
+        torch.testing.assert_close(o.cpu(), want)
+
+
+def test_an_evicted_program_is_compiled_again_and_counted():
+    from lazyxla import cache
+    lru = cache.computation_cache()
+    old = lru.capacity
+    m = nn.Linear(4, 4).to(DEV)
+    f = torch.compile(m, backend="lazyxla_eval")
+    x = torch.randn(2, 4)
+    try:
+        lru.capacity = 1
+        with torch.no_grad():
+            want = m(x.to(DEV)).cpu()
+            for _ in range(2):
+                y = f(x.to(DEV))
+                u = cnt("UncachedCompile")
+                lazyxla.sync()
+                assert cnt("UncachedCompile") == u + 1  # its program was evicted by the other one
+                torch.testing.assert_close(y.cpu(), want)
+                (torch.ones(3, device=DEV) * 5).cpu()  # another program takes the one slot
+    finally:
+        lru.capacity = old
+
+
+def test_dropout_draws_new_numbers_every_call():
+    f = torch.compile(nn.Dropout(0.5), backend="lazyxla")
+    x = torch.ones(64, device=DEV)
+    masks = []
+    for _ in range(3):
+        y = f(x)
+        lazyxla.sync()
+        masks.append(y.cpu())
+    assert all(set(m.unique().tolist()) <= {0.0, 2.0} for m in masks)
+    assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
+    lazyxla.manual_seed(3)
+    a = f(x).cpu()
+    lazyxla.manual_seed(3)
+    assert torch.equal(f(x).cpu(), a)  # the seed decides, as on the lazy path
+
+
+def test_in_place_updates_of_inputs_land_in_the_callers_tensors():
+    def bump(x, acc):
+        acc.add_(x)
+        return x * 2
+
+    f = torch.compile(bump, backend="lazyxla_eval")
+    x, acc = torch.arange(3.0), torch.zeros(3)
+    lx, lacc = x.to(DEV), acc.to(DEV)
+    view = lacc[1:]
+    for _ in range(3):
+        out = f(lx, lacc)
+        lazyxla.sync()
+    assert torch.equal(lacc.cpu(), 3 * x) and torch.equal(view.cpu(), (3 * x)[1:])
+    assert torch.equal(out.cpu(), 2 * x)
+
+
+def test_an_op_without_a_lowering_in_a_region_gives_eagers_numbers():
+    @torch.library.custom_op("lazyxla_test::halve", mutates_args=())
+    def halve(x: torch.Tensor) -> torch.Tensor:
+        return x / 2
+
+    halve.register_fake(lambda x: torch.empty_like(x))
+
+    def f(x):
+        return halve(x.sin()) + 1
+
+    g = torch.compile(f, backend="lazyxla_eval")
+    x = torch.randn(5)
+    before = cnt("aten::halve")
+    for _ in range(2):
+        torch.testing.assert_close(g(x.to(DEV)).cpu(), f(x))
+    assert cnt("aten::halve") == before + 2  # on the CPU each call, counted as torch_xla does
+
+
+def test_a_cpu_input_to_a_compiled_function_names_both_devices():
+    m = nn.Linear(3, 3).to(DEV)
+    f = torch.compile(m, backend="lazyxla")
+    with pytest.raises(Exception, match=r"(?s)cpu.*lazyxla|lazyxla.*cpu"):
+        f(torch.randn(2, 3))
+    g = torch.compile(nn.Linear(3, 3), backend="lazyxla_eval")
+    with pytest.raises(Exception, match=r"graph input \d+ is on cpu, not on lazyxla:0"):
+        g(torch.randn(2, 3))
+
+
+def test_a_compiled_forward_and_lazily_recorded_ops_share_one_program():
+    m = nn.Linear(4, 4).to(DEV)
+    f = torch.compile(m, backend="lazyxla_eval")
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        want = (m(x.to(DEV)) * 3).relu().cpu()
+        for _ in range(2):
+            y = (f(x.to(DEV) + 0) * 3).relu()
+            e = cnt("ExecuteComputation")
+            lazyxla.sync()
+            assert cnt("ExecuteComputation") == e + 1
+            torch.testing.assert_close(y.cpu(), want)
