@@ -33,19 +33,37 @@ def _check_devices(name, example_inputs):
                 f"(shape {list(x.shape)}, {x.dtype}); move the model and its inputs with .to(lazyxla.device())")
 
 
+_SEEN_FAILURES: dict = {}  # code object -> how many of Dynamo's guard failures were already told
+
+
+def _why() -> str:
+    """Why Dynamo is compiling now: the guard failures it noted since the last compile (a
+    recompile: a new batch size, a new dtype, ...), or a first compile."""
+    from torch._dynamo.utils import guard_failures
+    new = []
+    for code, reasons in list(guard_failures.items()):
+        seen = _SEEN_FAILURES.get(code, 0)
+        if len(reasons) > seen:
+            new += [f"{code.co_name} ({code.co_filename}:{code.co_firstlineno}): {r}" for r in reasons[seen:]]
+            _SEEN_FAILURES[code] = len(reasons)
+    return "Dynamo recompiled, a guard failed: " + "; ".join(new) if new else "first trace"
+
+
 def lazyxla_eval(gm: torch.fx.GraphModule, example_inputs):
     """Inference: the graph as Dynamo captured it, as one region."""
     _check_devices("lazyxla_eval", example_inputs)
-    return Region(gm, "lazyxla_eval", keeps_aliases=True)
+    return Region(gm, "lazyxla_eval", keeps_aliases=True, why=_why())
 
 
 def _aot_compiler(kind):
     def compile_graph(gm, example_inputs):
         _check_devices("lazyxla", example_inputs)
-        return Region(gm, kind, keeps_aliases=False)
+        return Region(gm, kind, keeps_aliases=False, why=_why())
     return make_boxed_compiler(compile_graph)
 
 
 # Training: AOTAutograd splits forward and backward into two ATen graphs, each a region.
+# A graph without autograd (an optimizer step) keeps its writes to its inputs: the region node
+# gives the new values, instead of one copy_ per written tensor recorded after each call.
 lazyxla = aot_autograd(fw_compiler=_aot_compiler("lazyxla forward"), bw_compiler=_aot_compiler("lazyxla backward"),
-                       inference_compiler=_aot_compiler("lazyxla inference"))
+                       inference_compiler=_aot_compiler("lazyxla inference"), keep_inference_input_mutations=True)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from . import metrics, rng
+from . import events, metrics, rng
 from .device import DEVICE
 from .errors import LazyXlaError
 from .hashing import fold
@@ -122,10 +122,11 @@ def _host_marks():
 class Region:
     """One FX graph compiled by a lazyxla backend; called with the graph's inputs."""
 
-    def __init__(self, gm, name: str, keeps_aliases: bool):
+    def __init__(self, gm, name: str, keeps_aliases: bool, why: str = "first trace"):
         self.gm = gm
         self.name = name
         self.keeps_aliases = keeps_aliases  # lazyxla_eval: outputs may alias inputs (no AOTAutograd)
+        self.why = why  # what made Dynamo hand this graph over (its guard failures, on a recompile)
         self.captures: dict = {}
 
     def __call__(self, *args):
@@ -153,6 +154,7 @@ class Region:
                 # autograd has to see the ops: no capture for this call (nor cached)
                 return self.gm(*args)
             c, traced = self._capture(args, states, key)
+            self._published(c, key)
             self.captures[key] = c
             if c.lazy:
                 return traced  # this call's outputs, from the tracing run
@@ -161,6 +163,22 @@ class Region:
             metrics.counter_inc("DynamoRegionTracedLazily")
             return self.gm(*args)
         return self._replay(c, states)
+
+    def _published(self, c, key):
+        if not events.AFTER_CAPTURE:
+            return
+        if self.captures:
+            old = next(reversed(self.captures))
+            why = (f"new inputs for the same graph: {_signature_text(key)} (was {_signature_text(old)})")
+        else:
+            why = self.why
+        if c.lazy:
+            why += f"; traced again at every call: {c.why}"
+        h = c.sig.template[0][0].hash.hex() if c.sig is not None else ""
+        n = c.sig.func.n_ops if c.sig is not None else 0
+        where = user_frame(3)
+        for fn in events.AFTER_CAPTURE:
+            fn(self.name, why, h, where, n)
 
     # -- capture ---------------------------------------------------------------------------
     def _capture(self, args, states, key):
@@ -222,6 +240,10 @@ class Region:
         if c.container is None:
             return out[0]
         return out if c.container is list else tuple(out)
+
+
+def _signature_text(key) -> str:
+    return "(" + ", ".join(repr(k) if not (type(k) is tuple and k[:1] == ("v",)) else repr(k[2]) for k in key) + ")"
 
 
 def _aliases(outs, states) -> bool:

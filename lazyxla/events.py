@@ -5,7 +5,10 @@ A subscriber is any object with some of these methods (each optional):
 - ``before_compile(cause, trace, graph)``: a key missed every cache and is about to compile;
 - ``after_lookup(cause, trace, program, graph, compiled)``: a lookup found or compiled
   ``program`` (a ``cache.CachedProgram``) for ``trace`` (the lookup's ``graph_hash.FoldTrace``);
-- ``after_step()``: a sync finished (``MarkStep`` counted).
+- ``after_step()``: a sync finished (``MarkStep`` counted);
+- ``after_capture(region, why, key_hex, where, n_ops)``: a torch.compile region was traced and
+  captured (``capture``): ``why`` says what made this trace happen (Dynamo's guard failures
+  for a Dynamo recompile, new input shapes, or its first call).
 
 ``cause`` is ``"sync"`` or ``"read"``. Subscribers are added explicitly (``subscribe``), in one
 place: ``lazyxla.debug.install()``, which ``import lazyxla`` calls. May touch: its own lists.
@@ -15,12 +18,13 @@ from __future__ import annotations
 BEFORE_COMPILE: list = []
 AFTER_LOOKUP: list = []
 AFTER_STEP: list = []
+AFTER_CAPTURE: list = []
 
 
 def subscribe(subscriber) -> None:
     """Add ``subscriber``'s methods to the lists of those it has (once)."""
     for name, hooks in (("before_compile", BEFORE_COMPILE), ("after_lookup", AFTER_LOOKUP),
-                        ("after_step", AFTER_STEP)):
+                        ("after_step", AFTER_STEP), ("after_capture", AFTER_CAPTURE)):
         fn = getattr(subscriber, name, None)
         if fn is not None and fn not in hooks:
             hooks.append(fn)

@@ -217,3 +217,37 @@ def test_a_compiled_forward_and_lazily_recorded_ops_share_one_program():
             lazyxla.sync()
             assert cnt("ExecuteComputation") == e + 1
             torch.testing.assert_close(y.cpu(), want)
+
+
+def test_a_dynamo_recompile_is_explained_in_the_recompile_log():
+    m = nn.Linear(4, 2).to(DEV)
+    f = torch.compile(m, backend="lazyxla")
+    start = len(lazyxla.debug.recompile_log())
+    for bs in (8, 16):
+        out = f(torch.randn(bs, 4, device=DEV))
+        out.sum().backward()
+        lazyxla.sync()
+    recs = [r for r in lazyxla.debug.recompile_log()[start:] if r.site == "dynamo"]
+    assert recs, lazyxla.debug.recompile_log()[start:]
+    assert "size mismatch at index 0. expected 8, actual 16" in recs[0].text
+    assert "a guard failed" in str(recs[0]) and recs[0].where is not None
+
+
+def test_pt_xla_debug_level_reports_compiled_regions(tmp_path):
+    import os
+    import subprocess
+    import sys
+    script = ("import torch, torch.nn as nn, lazyxla\n"
+              "m = nn.Linear(4, 2).to(lazyxla.device())\n"
+              "f = torch.compile(m, backend='lazyxla_eval')\n"
+              "with torch.no_grad():\n"
+              "    for bs in (8, 16):\n"
+              "        y = f(torch.randn(bs, 4, device=lazyxla.device()))\n"
+              "        lazyxla.sync()\n")
+    env = dict(os.environ, PT_XLA_DEBUG_LEVEL="1", PT_XLA_DEBUG_FILE=str(tmp_path / "debug.txt"))
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    text = (tmp_path / "debug.txt").read_text()
+    assert text.count("torch.compile region traced Cause") == 2, text
+    assert "first trace" in text and "a guard failed" in text and "size mismatch at index 0" in text
+    assert text.count("Compilation Cause") == 2  # the program of each batch size, compiled at its sync

@@ -8,6 +8,9 @@ difference, both IRs are walked from the root down to the deepest first node tha
 differs, and the record names its op, its old and new shape, dtype or constant, and the
 user's line that recorded it.
 
+A torch.compile region that Dynamo hands over again (a guard failed: a new batch size, a
+new dtype) is a record of its own, site ``"dynamo"``, with Dynamo's guard failures as its text.
+
 ``recompile_log()`` returns the records; ``LAZYXLA_EXPLAIN_RECOMPILES=1`` prints each one
 as it happens. ``Recorder`` is the subscriber (``events``) that keeps the history; it reads
 the persistent cache's list of keys other processes compiled. May touch: its own history.
@@ -33,7 +36,7 @@ class RecompileRecord:
     hash: str                  # the new key
     closest: str | None        # the closest earlier key
     compile_ns: int            # what the compile cost
-    cause: str                 # "sync" or "read"
+    cause: str                 # "sync" or "read"; "dynamo": a torch.compile region traced again
     where: tuple | None = None  # the user's line behind the first difference, if known
     trace: object = field(default=None, repr=False)
     sites: tuple = ()          # every merge site that differs from the closest key, in R3's order
@@ -44,7 +47,7 @@ class RecompileRecord:
 
     def __str__(self):
         head = f"lazyxla recompile #{self.index} ({self.cause}, {self.compile_ms:.1f} ms): key {self.hash[:16]}"
-        if self.site is None:
+        if self.site is None or self.closest is None:
             return head + ": " + self.text
         changed = ", ".join(self.sites or (self.site,))
         return f"{head}: {changed} changed since key {self.closest[:16]}: {self.text}"
@@ -359,7 +362,17 @@ def _disk_history():
 
 
 class Recorder:
-    """The subscriber that keeps every compiled key and explains each compile."""
+    """The subscriber that keeps every compiled key and explains each compile, and notes each
+    torch.compile region traced (a Dynamo recompile says which guard failed)."""
+
+    def after_capture(self, region, why, key_hex, where, n_ops):
+        if why == "first trace":
+            return  # nothing was compiled before it: not a recompile
+        rec = RecompileRecord(len(_LOG) + 1, "dynamo", f"torch.compile region {region} traced again ({n_ops} "
+                              f"ops): {why}", key_hex, None, 0, "dynamo", where)
+        _LOG.append(rec)
+        if EXPLAIN:
+            print(str(rec), file=sys.stderr)
 
     def before_compile(self, cause, trace, graph):
         _disk_history()  # read other processes' keys before this one is stored

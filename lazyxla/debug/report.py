@@ -89,6 +89,10 @@ class Reporter:
             _emit(block("Execution Analysis", "Execution", CAUSES[cause], prog.key.hex(), len(graph.params),
                         len(graph.roots), frames))
 
+    def after_capture(self, region, why, key_hex, where, n_ops):
+        _emit(block("Compilation Analysis", "torch.compile region traced", why, key_hex, 0, 0, user_frames(64),
+                    graph_name=f"{region} ({n_ops} ops)"))
+
     def after_step(self):
         lines = metrics.performance_report()
         if lines:
