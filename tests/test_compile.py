@@ -251,3 +251,60 @@ def test_pt_xla_debug_level_reports_compiled_regions(tmp_path):
     assert text.count("torch.compile region traced Cause") == 2, text
     assert "first trace" in text and "a guard failed" in text and "size mismatch at index 0" in text
     assert text.count("Compilation Cause") == 2  # the program of each batch size, compiled at its sync
+
+
+class _StaticCacheLM(nn.Module):
+    """A 2-layer decoder with a static KV cache (buffers written at ``pos``, a device tensor, as
+    HuggingFace's StaticCache does): every decode step has the same shapes."""
+
+    def __init__(self, vocab=19, dim=16, heads=2, layers=2, tmax=16):
+        super().__init__()
+        self.emb, self.pos_emb = nn.Embedding(vocab, dim), nn.Embedding(tmax, dim)
+        self.qkv = nn.ModuleList(nn.Linear(dim, 3 * dim) for _ in range(layers))
+        self.mlp = nn.ModuleList(nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+                                 for _ in range(layers))
+        self.head = nn.Linear(dim, vocab)
+        self.h, self.tmax = heads, tmax
+        for i in range(layers):
+            self.register_buffer(f"k{i}", torch.zeros(1, heads, tmax, dim // heads))
+            self.register_buffer(f"v{i}", torch.zeros(1, heads, tmax, dim // heads))
+
+    def forward(self, tok, pos):  # tok: (1, 1) token, pos: (1,) its position
+        x = self.emb(tok) + self.pos_emb(pos)[None]
+        visible = (torch.arange(self.tmax, device=tok.device) <= pos)[None, None, None, :]
+        for i, (qkv, mlp) in enumerate(zip(self.qkv, self.mlp)):
+            q, k, v = (t.reshape(1, 1, self.h, -1).transpose(1, 2) for t in qkv(x).chunk(3, -1))
+            kc, vc = getattr(self, f"k{i}"), getattr(self, f"v{i}")
+            kc.index_copy_(2, pos, k)
+            vc.index_copy_(2, pos, v)
+            a = F.scaled_dot_product_attention(q, kc, vc, attn_mask=visible)
+            x = x + a.transpose(1, 2).reshape(1, 1, -1)
+            x = x + mlp(x)
+        return self.head(x)[:, -1]
+
+
+def _greedy(model, device, n, step=None, compiles=None):
+    step = step if step is not None else model
+    tok = torch.tensor([[3]], device=device)
+    out = []
+    with torch.no_grad():
+        for p in range(n):
+            logits = step(tok, torch.tensor([p], device=device))
+            tok = logits.argmax(-1, keepdim=True)
+            if device == DEV:
+                lazyxla.sync()
+                compiles.append(cnt("UncachedCompile"))
+            out.append(int(tok.item()))
+    return out
+
+
+def test_static_kv_cache_decoding_compiles_a_fixed_number_of_programs():
+    torch.manual_seed(0)
+    ref = _StaticCacheLM().eval()
+    lz = copy.deepcopy(ref).to(DEV)
+    want = _greedy(ref, "cpu", 12)
+    compiles = []
+    got = _greedy(lz, DEV, 12, torch.compile(lz, backend="lazyxla_eval"), compiles)
+    assert got == want
+    assert compiles[-1] == compiles[2], compiles  # no new program per token once warm
+    torch.testing.assert_close(lz.k1.cpu(), ref.k1)  # the cache writes landed in the buffers
