@@ -63,8 +63,11 @@ def bench_compiled_step(n):
 
 
 def first_call(kind):
-    """Seconds of the first step (trace + compile + run), from a fresh model."""
+    """Seconds of the first step (trace + compile + run), from a fresh model and an empty
+    in-memory compilation cache."""
     lazyxla, (model, opt, x, y) = _lazy_setup()
+    from lazyxla.cache import computation_cache
+    computation_cache().clear()
     torch._dynamo.reset()
     if kind == "compiled":
         model = torch.compile(model, backend="lazyxla")

@@ -308,3 +308,31 @@ def test_static_kv_cache_decoding_compiles_a_fixed_number_of_programs():
     assert got == want
     assert compiles[-1] == compiles[2], compiles  # no new program per token once warm
     torch.testing.assert_close(lz.k1.cpu(), ref.k1)  # the cache writes landed in the buffers
+
+
+def test_a_compiled_step_is_found_in_the_persistent_cache_by_another_process(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    script = ("import json, torch, torch.nn as nn, lazyxla\n"
+              "import lazyxla.debug.metrics as met\n"
+              "torch.manual_seed(0)\n"
+              "m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).to(lazyxla.device())\n"
+              "f = torch.compile(m, backend='lazyxla')\n"
+              "x = torch.ones(3, 4, device=lazyxla.device())\n"
+              "loss = f(x).sum()\n"
+              "loss.backward()\n"
+              "h = lazyxla.graph_hash([loss, m[0].weight.grad])\n"
+              "lazyxla.sync()\n"
+              "print(json.dumps([h, loss.item(), met.counter_value('PersistentCacheHit') or 0,"
+              " met.counter_value('PersistentCacheMiss') or 0]))\n")
+    env = dict(os.environ, XLA_PERSISTENT_CACHE_PATH=str(tmp_path / "cache"))
+    runs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    (h1, l1, hit1, miss1), (h2, l2, hit2, miss2) = runs
+    assert h1 == h2 and l1 == l2  # the same key in both processes
+    assert miss1 >= 1 and hit2 >= 1 and miss2 == 0
