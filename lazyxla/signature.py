@@ -3,7 +3,8 @@
 A *signature key* is the op with each tensor's interned meta and each non-tensor argument
 (a Python scalar that is an op *value* enters only by kind, unless it is one of the special
 scalars 0, 1, -1: R1.5). The first call with a key comes here (``new_entry``): the op runs
-once on meta tensors (PyTorch's own shape and dtype rules, and its shape errors), the call
+once on meta tensors (PyTorch's own shape and dtype rules, and its shape errors; for an op
+PyTorch has no meta kernel for, lazyxla's shape rule from ``lowering.SHAPE_RULES``), the call
 is turned into an ``OpSig`` (the op, its parameters as a template with ``Slot``s for
 operands, its output metas, its lowering), and the lowering is traced abstractly, so that an
 op lazyxla cannot do fails at the user's line, not later inside a whole program. The
@@ -204,18 +205,32 @@ _NEEDS_VALUES = object()
 
 
 def _run_on_meta(call, info, args, kwargs, where):
-    """The op's result on meta tensors (PyTorch's shapes and dtypes), or ``_NEEDS_VALUES``."""
+    """The op's result on meta tensors (PyTorch's shapes and dtypes), or ``_NEEDS_VALUES``.
+    An op PyTorch has no meta kernel for takes lazyxla's shape rule, if it has one
+    (``lowering.SHAPE_RULES``)."""
     margs = _to_meta(list(args))
     mkw = {k: _to_meta(v) for k, v in (kwargs or {}).items()
            if not (info.kind == "out" and k in info.written)}
     try:
         return call(*margs, **mkw)
     except Exception as e:  # noqa: BLE001 - either the values are needed, or it is the user's error
-        if _needs_values(e):
-            return _NEEDS_VALUES
-        shapes = ", ".join(describe(a) for a in args if isinstance(a, (torch.Tensor, list, tuple)))
-        raise LazyXlaError(f"{info.name}({shapes}): {str(e).splitlines()[0] if str(e) else type(e).__name__} "
-                           f"at {fmt_where(where)}") from None
+        if not _needs_values(e):
+            raise _meta_error(info, args, e, where) from None
+    rule = lowering.SHAPE_RULES.get(call)
+    if rule is None:
+        return _NEEDS_VALUES
+    try:
+        return rule(*margs, **mkw)
+    except NotImplementedError:  # the rule says the shapes depend on the values
+        return _NEEDS_VALUES
+    except Exception as e:  # noqa: BLE001 - the user's error, as PyTorch would report it
+        raise _meta_error(info, args, e, where) from None
+
+
+def _meta_error(info, args, e, where):
+    shapes = ", ".join(describe(a) for a in args if isinstance(a, (torch.Tensor, list, tuple)))
+    return LazyXlaError(f"{info.name}({shapes}): {str(e).splitlines()[0] if str(e) else type(e).__name__} "
+                        f"at {fmt_where(where)}")
 
 
 _VALUE_EXCEPTIONS = (NotImplementedError, torch._subclasses.fake_tensor.DynamicOutputShapeException,

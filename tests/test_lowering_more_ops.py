@@ -466,3 +466,85 @@ def test_embedding_bag_per_sample_weights_backward():
                                                                                   per_sample_weights=p_, padding_idx=pad,
                                                                                   include_last_offset=last), w, p)],
           w, idx, torch.tensor([0, 2, 2, 5]), torch.tensor([0, 2, 2, 5, 6]), psw)
+
+
+# ---------------------------------------------------------------------------------------
+# Ops PyTorch has no meta kernel for, lowered with lazyxla's shape rules (registry.SHAPE_RULES)
+def test_geqrf():
+    """Householder QR in LAPACK's packed form: tall, wide, square complex, batched, empty."""
+    check(lambda *xs: [r for x in xs for r in torch.geqrf(x)],
+          rand(5, 3), rand(3, 5, seed=1), rand(4, 4, dtype=torch.complex64, seed=2),
+          rand(2, 3, 4, dtype=torch.float64, seed=3), rand(0, 3, seed=4), rand(2, 0, 2, seed=5))
+    a, _ = torch.geqrf(rand(5, 3).to(DEV))
+    assert a.stride() == (1, 5)   # column-major, as the CPU's
+
+
+def test_lstsq_drivers_shapes_and_backward():
+    """Every driver's four outputs with PyTorch's CPU shapes (empty ones included), vector and
+    broadcast right-hand sides, rcond, and the backward of the solution and residuals."""
+    a_tall, a_sq, a_wide = rand(5, 3, dtype=torch.float64), rand(3, 3, dtype=torch.float64, seed=1), \
+        rand(2, 4, 3, dtype=torch.float64, seed=2).mT
+    b_tall, b_sq, b_wide = rand(5, 2, dtype=torch.float64, seed=3), rand(3, 2, dtype=torch.float64, seed=4), \
+        rand(1, 3, 1, dtype=torch.float64, seed=5)
+    deficient = torch.cat([a_wide[0], a_wide[0, :1] * 2])    # 4 x 4, rank 3: gelsd's rank and rcond
+
+    def run(at, bt, asq, bsq, aw, bw, d):
+        out = []
+        for drv in ("gels", "gelsy", "gelsd", "gelss", None):
+            out += torch.linalg.lstsq(asq, bsq, driver=drv) + torch.linalg.lstsq(aw, bw, driver=drv)
+            out += torch.linalg.lstsq(at, bt[:, 0], driver=drv) if drv in ("gels", "gelsy", None) else []
+        out += torch.linalg.lstsq(d, bsq[:1].expand(4, 2), driver="gelsd", rcond=1e-6)
+        out += torch.linalg.lstsq(at.to(torch.complex128), bt.to(torch.complex128), driver="gels")
+        return out
+
+    check(run, a_tall, b_tall, a_sq, b_sq, a_wide, b_wide, deficient, rtol=1e-9, atol=1e-9)
+    check(lambda a, b, aw, bw: _grads(lambda x, y: torch.linalg.lstsq(x, y, driver="gels").residuals, a, b)
+          + _grads(lambda x, y: torch.linalg.lstsq(x, y).solution, a, b)
+          + _grads(lambda x, y: torch.linalg.lstsq(x, y, driver="gelsd").solution, aw, bw),
+          a_tall, b_tall, a_wide, b_wide, rtol=1e-9, atol=1e-9)
+    # gelsd/gelss with m > n: residuals only if every matrix has rank n, a value: the CPU's
+    c0 = met.counter_value("aten::linalg_lstsq") or 0
+    got = torch.linalg.lstsq(a_tall.to(DEV), b_tall.to(DEV), driver="gelss")
+    assert met.counter_value("aten::linalg_lstsq") - c0 == 1
+    torch.testing.assert_close(_host(list(got)), list(torch.linalg.lstsq(a_tall, b_tall, driver="gelss")))
+
+
+def test_histogram_and_histogramdd():
+    """Edges from the data (bit for bit: PyTorch's linspace), from a range or given; weights,
+    density, values on the edges and outside them, NaN, an empty input, one value only."""
+    x = torch.tensor([[0.5, -1.0, 2.0, 3.0], [1.25, float("nan"), 0.0, -0.25], [2.0, 2.0, 1.0, 0.3]])
+    w, edges = torch.rand(3, 4, generator=torch.Generator().manual_seed(1)), torch.tensor([-1.0, 0.0, 0.3, 2.0])
+    pts, pw = rand(9, 2, dtype=torch.float64), torch.rand(9, dtype=torch.float64)
+    e0, e1, many = torch.linspace(-1, 1, 4, dtype=torch.float64), torch.tensor([-2.0, 0.5, 3.0], dtype=torch.float64), \
+        rand(40, seed=2)
+
+    def run(x, w, edges, pts, pw, e0, e1, many):
+        clean = torch.nan_to_num(x)
+        return [*torch.histogram(clean, 7), *torch.histogram(x, 4, range=(-1.0, 2.0), weight=w, density=True),
+                *torch.histogram(x, edges), *torch.histogram(clean, edges, weight=w, density=True),
+                *torch.histogram(x[:0], 3), *torch.histogram(x[2, :2], 2), *torch.histogram(many, 37),
+                torch.histogramdd(pts, [3, 2]).hist, *torch.histogramdd(pts, [3, 2]).bin_edges,
+                *torch.histogramdd(pts, 2, range=[-1.0, 1.0, 0.0, 2.0], weight=pw, density=True),
+                *torch.histogramdd(pts, [e0, e1], weight=pw)]
+
+    check(run, x, w, edges, pts, pw, e0, e1, many, rtol=0, atol=1e-6)
+
+
+def test_ctc_loss_tensor_lengths_and_backward():
+    """Lengths as device tensors (masks, never shapes) and as lists; 2-d and concatenated
+    targets, repeated labels, an empty target, an input length 0, an impossible alignment
+    (inf) with and without zero_infinity; the backward (PyTorch's formula) in each case."""
+    T, N, C = 8, 4, 5
+    lp = rand(T, N, C).log_softmax(2)
+    tg = torch.tensor([[1, 2, 2, 3], [4, 4, 1, 1], [1, 1, 1, 1], [3, 3, 3, 2]])
+    il, tl = [8, 6, 0, 4], [4, 2, 0, 4]
+    flat = torch.cat([tg[i, :tl[i]] for i in range(N)])
+
+    def run(lp, tg, flat, ilt, tlt):
+        out = []
+        for targets, lengths in ((tg, (ilt, tlt)), (flat, (ilt, tlt)), (tg, (il, tl))):
+            for red, zero_inf in (("none", False), ("mean", True), ("sum", True)):
+                out += _grads(lambda x: F.ctc_loss(x, targets, *lengths, reduction=red, zero_infinity=zero_inf), lp)
+        return out
+
+    check(run, lp, tg, flat, torch.tensor(il), torch.tensor(tl, dtype=torch.int32))

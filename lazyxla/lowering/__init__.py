@@ -11,8 +11,9 @@ Modules. Imports run one way: the families and ``program`` import ``registry`` (
 families also ``nn_helpers``), never this file, which imports them all and defines nothing
 itself; outside the package, lowering imports only ``lazyxla.ir`` and ``lazyxla.xla``,
 which never import it.
-- ``registry``: the registries LOWERINGS, RANDOM, STATIC_ARGS, ZERO_D_AS_VECTOR and
-  DECOMPOSITIONS (PyTorch's decomposition table, loaded on import); ``register``, ``get``,
+- ``registry``: the registries LOWERINGS, RANDOM, STATIC_ARGS, ZERO_D_AS_VECTOR,
+  SHAPE_RULES (output shapes of ops PyTorch has no meta kernel for) and DECOMPOSITIONS
+  (PyTorch's decomposition table, loaded on import); ``register``, ``shape_rule``, ``get``,
   ``is_random``, ``functional_of``.
 - ``program``: ``lower_call``, ``lower_node``, ``build_program`` (the function ``executor``
   hands to ``jax.jit``) and the lowerings of lazyxla's own nodes (writes through views, conversions), ``lower_convert`` and
@@ -29,23 +30,25 @@ which never import it.
   ``complex`` (complex, polar, view_as_real/complex);
   ``linalg`` (factorizations, solves, inverses, determinants, SVD, eigendecompositions);
   ``selection`` (kthvalue, median, nanmedian, mode: order statistics with PyTorch's CPU tie rules);
+  ``histogram`` (histogram and histogramdd, with their shape rules);
   ``amp`` (the gradient scaler's two ops, as decompositions: imported after the table).
 - ``nn_helpers``: helpers the neural-network families share (no lowerings).
 
 Public names, re-exported from ``registry`` and ``program`` (the rest of lazyxla uses
 ``lowering.X``): LOWERINGS, DECOMPOSITIONS, STATIC_ARGS, RANDOM, ZERO_D_AS_VECTOR,
-register, get, is_random, functional_of, lower_call, lower_node, build_program,
+SHAPE_RULES, register, shape_rule, get, is_random, functional_of, lower_call, lower_node, build_program,
 lower_convert, lower_view_scatter. May touch: nothing but the registries.
 """
 from __future__ import annotations
 
-from .registry import (DECOMPOSITIONS, LOWERINGS, RANDOM, STATIC_ARGS, ZERO_D_AS_VECTOR,  # noqa: F401
-                       functional_of, get, is_random, register)
+from .registry import (DECOMPOSITIONS, LOWERINGS, RANDOM, SHAPE_RULES, STATIC_ARGS, ZERO_D_AS_VECTOR,  # noqa: F401
+                       functional_of, get, is_random, register, shape_rule)
 from .program import build_program, lower_call, lower_convert, lower_node, lower_view_scatter  # noqa: F401
 from . import elementwise, reduce, matmul, shape, indexing, factory, random  # noqa: F401
 from . import conv, pooling, resample, softmax, loss, layer_norm, embedding, activation  # noqa: F401
 from . import distance, fft, linalg  # noqa: F401
 from . import selection  # noqa: F401
+from . import histogram  # noqa: F401
 from . import complex  # noqa: F401
 from . import special  # noqa: F401
 from . import batch_norm  # noqa: F401  (after PyTorch's table: eval returns empty saved statistics)

@@ -1,6 +1,7 @@
 """Linear algebra with PyTorch's conventions: factorizations (Cholesky, LU, QR, Householder
-products), triangular, LU and Cholesky solves, inverses, determinants (as decompositions),
-SVD, symmetric and general eigendecompositions, LDL, pseudo-inverse and matrix exponential.
+QR as ``geqrf``, Householder products), triangular, LU and Cholesky solves, inverses,
+determinants (as decompositions), SVD, symmetric and general eigendecompositions, LDL,
+least squares (``linalg_lstsq``), pseudo-inverse and matrix exponential.
 
 Conventions followed (PyTorch's, not JAX's):
 - LU: LAPACK's packed ``LU`` with 1-based int32 ``pivots`` (JAX's are 0-based); ``info`` is
@@ -26,13 +27,30 @@ Conventions followed (PyTorch's, not JAX's):
   (sytrs/hetrs) are written out here, row by row, giving the same blocks and pivots as the
   CPU's sytrf and its packed format.
 
-Not lowered (they stay CPU fallbacks): ``geqrf`` and ``linalg_lstsq`` have no meta kernel in
-PyTorch, so lazyxla cannot infer their shapes without the values (and lstsq's residuals'
-shape depends on the rank).
+- ``geqrf``: LAPACK's Householder QR (the reflectors below the diagonal, R above, tau), written
+  out column by column (JAX's geqrf is private): the same reflectors as the CPU's blocked
+  geqrf, and its column-major layout.
+- ``linalg_lstsq``, per ``driver`` (default gelsy, the CPU's): gels (QR, or the minimum-norm
+  solution when m < n; A taken as full rank), gelsy (QR with column pivoting, the rank by
+  LAPACK's incremental condition estimation against ``rcond``, the minimum-norm solution of
+  the leading block), gelsd and gelss (SVD, singular values up to ``rcond`` times the
+  largest dropped). Outputs as PyTorch's CPU gives them: residuals (the squared norms of
+  the columns of A X - B) only when m > n and not for gelsy; rank for all but gels;
+  singular values for gelsd and gelss; the others empty. For gelsd and gelss with m > n
+  the residuals are there only if every matrix has rank n, a value: those calls stay on
+  the CPU. gelsy follows LAPACK's reference semantics (every column free to pivot):
+  PyTorch's CPU passes geqp3 uninitialized pivot flags, so on a rank-deficient matrix its
+  own rank and solution vary from call to call; on a full-rank one the solution is the
+  same either way.
 
-Touches only the registries (``LOWERINGS``; ``DECOMPOSITIONS`` for det and slogdet).
+PyTorch has no meta kernel for ``geqrf`` or ``linalg_lstsq``: their shape rules
+(``shape_rule``) give the CPU kernel's shapes and strides.
+
+Touches only the registries (``LOWERINGS``, ``SHAPE_RULES``; ``DECOMPOSITIONS`` for det and slogdet).
 """
 from __future__ import annotations
+
+import math
 
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
@@ -40,7 +58,7 @@ import torch
 from jax import lax
 
 from ..xla import jnp_dtype
-from .registry import DECOMPOSITIONS, register
+from .registry import DECOMPOSITIONS, register, shape_rule
 
 aten = torch.ops.aten
 HI = lax.Precision.HIGHEST
@@ -525,6 +543,82 @@ def ormqr(sig, A, tau, C, left=True, transpose=False):
     return _mm(Q, C) if left else _mm(C, Q)
 
 
+def _fortran_meta(shape, dtype, ld=None):
+    """A meta tensor laid out as LAPACK leaves its matrices: each one column-major with
+    leading dimension ``ld`` (its rows by default), the batch dims outermost."""
+    shape = tuple(shape)
+    m, n = shape[-2:]
+    ld = max(m if ld is None else ld, 1)
+    stride, acc = [1, ld], ld * max(n, 1)
+    for s in reversed(shape[:-2]):
+        stride.insert(0, acc)
+        acc *= max(s, 1)
+    return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+
+
+@shape_rule("geqrf.default")
+def _geqrf_shapes(A):
+    if A.dim() < 2:
+        raise RuntimeError("torch.geqrf: The input tensor A must have at least 2 dimensions.")
+    if not (A.dtype.is_floating_point or A.dtype.is_complex) or A.dtype in (torch.float16, torch.bfloat16):
+        raise RuntimeError(f"torch.geqrf: Expected a floating point or complex tensor as input. Got {A.dtype}")
+    m, n = A.shape[-2:]
+    return _fortran_meta(A.shape, A.dtype), torch.empty(tuple(A.shape[:-2]) + (min(m, n),), dtype=A.dtype,
+                                                        device="meta")
+
+
+def _householder_qr(A):
+    """LAPACK's geqr2 (geqrf's unblocked form, the same reflectors): column by column,
+    H(i) = I - tau v v^H with v[i] = 1 zeroes A[i+1:, i] (larfg: beta = -sign(Re alpha) *
+    ||(alpha, x)||, tau = (beta - alpha) / beta, v = x / (alpha - beta); tau = 0 when x = 0
+    and alpha is real), then H(i)^H is applied to the columns on the right. Returns
+    (the packed reflectors and R, tau)."""
+    m, n = A.shape[-2:]
+    k = min(m, n)
+    batch = A.shape[:-2]
+    cplx = jnp.iscomplexobj(A)
+    rows = jnp.arange(m)
+    cols = jnp.arange(n)
+
+    def step(i, carry):
+        A, tau = carry
+        col = lax.dynamic_index_in_dim(A, i, axis=-1, keepdims=False)         # [..., m]
+        below = rows > i
+        x = jnp.where(below, col, 0)
+        alpha = jnp.sum(jnp.where(rows == i, col, 0), axis=-1)
+        ar = jnp.real(alpha)
+        ai = jnp.imag(alpha) if cplx else jnp.zeros_like(ar)
+        xnorm = jnp.sqrt(jnp.sum(jnp.real(x * jnp.conj(x)), axis=-1))
+        keep = (xnorm == 0) & (ai == 0)                                     # H = I
+        norm = jnp.hypot(jnp.hypot(ar, ai), xnorm)
+        beta = -jnp.where(ar >= 0, norm, -norm)
+        safe_beta = jnp.where(keep, 1, beta)
+        t = (beta - ar) / safe_beta
+        t = (t - 1j * ai / safe_beta).astype(A.dtype) if cplx else t
+        t = jnp.where(keep, 0, t)
+        scale = 1 / jnp.where(keep, 1, alpha - beta)
+        v = jnp.where(rows == i, 1, x * scale[..., None]).astype(A.dtype)   # zero above i
+        # H(i)^H on the columns right of i: A -= conj(tau) v (v^H A)
+        w = jnp.einsum("...m,...mn->...n", jnp.conj(v), A, precision=HI)
+        upd = A - (jnp.conj(t)[..., None, None] * v[..., :, None]) * w[..., None, :]
+        A = jnp.where(cols > i, upd, A)
+        newcol = jnp.where(rows == i, beta[..., None].astype(A.dtype), v)
+        newcol = jnp.where(rows < i, col, newcol)
+        A = jnp.where((cols == i) & ~keep[..., None, None], newcol[..., :, None], A)
+        tau = jnp.where(jnp.arange(k) == i, t[..., None], tau)
+        return A, tau
+
+    tau = jnp.zeros(batch + (k,), A.dtype)
+    if k == 0:
+        return A, tau
+    return lax.fori_loop(0, k, step, (A, tau))
+
+
+@register("geqrf.default")
+def geqrf(sig, A):
+    return _householder_qr(A)
+
+
 # ---------------------------------------------------------------------------------------
 # SVD, eigendecompositions, pseudo-inverse.
 @register("_linalg_svd.default")
@@ -581,6 +675,214 @@ def pinv(sig, A, *, atol=None, rtol=None, hermitian=False):
     tol = jnp.maximum(atol_[..., None], rtol_[..., None] * S[..., :1].astype(f64))
     sp = jnp.where(S.astype(f64) > tol, 1 / S, 0).astype(A.dtype)
     return _mm(_mH(Vh) * sp[..., None, :], _mH(U))
+
+
+# ---------------------------------------------------------------------------------------
+# Least squares (linalg_lstsq), driver by driver as PyTorch's CPU calls LAPACK.
+_LSTSQ_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
+
+
+def _lstsq_layout(a_shape, b_shape, driver):
+    """(driver, vector case, m, n, k, broadcast batch) from the shapes; PyTorch's checks."""
+    driver = "gelsy" if driver is None else driver  # the CPU's default
+    if driver not in _LSTSQ_DRIVERS:
+        raise RuntimeError(f"torch.linalg.lstsq: parameter `driver` should be one of {_LSTSQ_DRIVERS}")
+    a_shape, b_shape = tuple(a_shape), tuple(b_shape)
+    if len(a_shape) < 2:
+        raise RuntimeError("torch.linalg.lstsq: input must have at least 2 dimensions.")
+    if len(b_shape) < 1:
+        raise RuntimeError("torch.linalg.lstsq: other must have at least 1 dimension.")
+    d = len(a_shape) - len(b_shape)
+    if d not in (0, 1):
+        raise RuntimeError("torch.linalg.lstsq: input.dim() must be greater or equal to other.dim() and "
+                           "(input.dim() - other.dim()) <= 1")
+    vector = len(b_shape) == 1 or (d == 1 and b_shape == a_shape[:-1])
+    if d == 1 and not vector:
+        # PyTorch then broadcasts B's rows as a batch dim: left to the CPU
+        raise NotImplementedError("linalg_lstsq: a matrix right-hand side one dim short of the input")
+    m, n = a_shape[-2:]
+    if (b_shape[-1] if vector else b_shape[-2]) != m:
+        raise RuntimeError("torch.linalg.lstsq: input.size(-2) should match other.size(-2)")
+    k = 1 if vector else b_shape[-1]
+    b_batch = b_shape[:-1] if vector else b_shape[:-2]
+    batch = tuple(torch.broadcast_shapes(a_shape[:-2], b_batch))
+    return driver, vector, m, n, k, batch
+
+
+def _real_torch(dt):
+    return {torch.complex64: torch.float32, torch.complex128: torch.float64}.get(dt, dt)
+
+
+@shape_rule("linalg_lstsq.default")
+def _lstsq_shapes(A, B, rcond=None, *, driver=None):
+    """PyTorch's CPU shapes: solution (*, n, k) (the first n rows of a column-major
+    (max(m, n), k) buffer); residuals (*, k) when m > n for gels, and for gelsd/gelss only if
+    every matrix has rank n (values: left to the CPU, unless that holds trivially), else
+    empty; rank (A's batch) for all but gels; singular values (A's batch, min(m, n)) for
+    gelsd/gelss."""
+    if A.dtype != B.dtype:
+        raise RuntimeError(f"torch.linalg.lstsq: Expected input and other to have the same dtype, but got "
+                           f"input's dtype {A.dtype} and other's dtype {B.dtype}")
+    if A.dtype not in (torch.float32, torch.float64, torch.complex64, torch.complex128):
+        raise RuntimeError(f"torch.linalg.lstsq: Expected a floating point or complex tensor as input. Got {A.dtype}")
+    driver, vector, m, n, k, batch = _lstsq_layout(A.shape, B.shape, driver)
+    real = _real_torch(A.dtype)
+    empty = lambda dt: torch.empty((0,), dtype=dt, device="meta")  # noqa: E731
+    sol = _fortran_meta(batch + (n, k), A.dtype, ld=max(m, n))
+    if vector:
+        sol = sol[..., 0]
+    a_batch = tuple(A.shape[:-2])
+    residuals = empty(real)
+    if m > n and driver != "gelsy":
+        if driver in ("gelsd", "gelss") and n > 0 and math.prod(a_batch) > 0:
+            raise NotImplementedError("linalg_lstsq: the residuals' shape depends on the rank")
+        residuals = torch.empty(batch + (k,), dtype=real, device="meta")
+    rank = empty(torch.int64) if driver == "gels" else torch.empty(a_batch, dtype=torch.int64, device="meta")
+    sv = torch.empty(a_batch + (min(m, n),), dtype=real, device="meta") if driver in ("gelsd", "gelss") \
+        else empty(real)
+    return sol, residuals, rank, sv
+
+
+def _solve_min_norm(M, c, r):
+    """The minimum-norm least-squares solution of ``M x = c`` with M (p x n, p <= n) upper
+    trapezoidal of full row rank ``r`` (per matrix, a device value): rows of M and c from r
+    on are dropped. Through the QR of M^H: M = T^H U^H, x = U T^-H c; the dropped rows are
+    zero columns of M^H, whose factor rows and columns become the identity."""
+    p = M.shape[-2]
+    idx = jnp.arange(p)
+    live = idx < r[..., None]                                             # [..., p]
+    Mh = _mH(jnp.where(live[..., :, None], M, 0))
+    U, T = jnp.linalg.qr(Mh, mode="reduced")                              # U [n, p], T [p, p]
+    both = live[..., :, None] & live[..., None, :]
+    T = jnp.where(both, T, jnp.where(idx[:, None] == idx[None, :], 1, 0).astype(T.dtype))
+    y = _trsm(T, jnp.where(live[..., :, None], c, 0), lower=False, adjoint=True)
+    return _mm(U, y)
+
+
+def _ice_step(sest, x, w, gamma, largest):
+    """One step of LAPACK's incremental condition estimation (laic1): x (unit norm, zero past
+    the current order j) approximates an extreme singular vector of the j x j triangle with
+    singular value estimate ``sest``; adding column w (rows < j) and diagonal gamma, the new
+    estimate and x are the extreme eigenpair of the 2 x 2 Hermitian problem in (s, c) for
+    the vector [s x; c]. Returns (new estimate, s, c)."""
+    beta = jnp.sum(jnp.conj(w) * x, axis=-1)
+    g = jnp.conj(gamma)
+    t = jnp.maximum(jnp.maximum(sest, jnp.abs(beta)), jnp.abs(g))
+    t = jnp.where(t == 0, 1, t)
+    se, be, ge = sest / t, beta / t, g / t
+    a = se * se + jnp.abs(be) ** 2
+    d = jnp.abs(ge) ** 2
+    off = jnp.conj(be) * ge                                                  # M[0, 1]
+    half = (a - d) / 2
+    lmax = (a + d) / 2 + jnp.sqrt(half * half + jnp.abs(off) ** 2)
+    lmin = jnp.where(lmax > 0, se * se * d / jnp.where(lmax > 0, lmax, 1), 0)
+    # the eigenvector of lmax, from the row that cannot vanish
+    v1 = jnp.where(a >= d, (lmax - d).astype(off.dtype), off)
+    v2 = jnp.where(a >= d, jnp.conj(off), (lmax - a).astype(off.dtype))
+    nv = jnp.sqrt(jnp.abs(v1) ** 2 + jnp.abs(v2) ** 2)
+    v1, v2 = jnp.where(nv > 0, v1 / jnp.where(nv > 0, nv, 1), 1), jnp.where(nv > 0, v2 / jnp.where(nv > 0, nv, 1), 0)
+    if largest:
+        return t * jnp.sqrt(lmax), v1, v2
+    return t * jnp.sqrt(lmin), -jnp.conj(v2), jnp.conj(v1)
+
+
+def _gelsy_rank(R, rcond):
+    """gelsy's rank of R (the triangle of a QR with column pivoting): the largest r with
+    smax(R[:r, :r]) * rcond <= smin(R[:r, :r]), both estimated incrementally (laic1); 0
+    when R[0, 0] is 0."""
+    p = R.shape[-2]
+    idx = jnp.arange(p)
+    r00 = jnp.abs(R[..., 0, 0])
+    dt = R.dtype
+    e0 = jnp.where(idx == 0, 1, 0).astype(dt) * jnp.ones(R.shape[:-2] + (1,), dt)
+
+    def step(i, carry):
+        xmin, xmax, smin, smax, rank, alive = carry
+        w = jnp.where(idx < i, lax.dynamic_index_in_dim(R, i, axis=-1, keepdims=False), 0)
+        gamma = jnp.sum(jnp.where(idx == i, lax.dynamic_index_in_dim(R, i, axis=-1, keepdims=False), 0), axis=-1)
+        snew, s1, c1 = _ice_step(smin, xmin, w, gamma, largest=False)
+        lnew, s2, c2 = _ice_step(smax, xmax, w, gamma, largest=True)
+        go = alive & (lnew * rcond <= snew)
+        at = idx == i
+        xmin = jnp.where(go[..., None], jnp.where(at, c1[..., None], s1[..., None] * xmin), xmin)
+        xmax = jnp.where(go[..., None], jnp.where(at, c2[..., None], s2[..., None] * xmax), xmax)
+        return (xmin, xmax, jnp.where(go, snew, smin), jnp.where(go, lnew, smax), rank + go.astype(rank.dtype), go)
+
+    alive = r00 != 0
+    init = (e0, e0, r00, r00, alive.astype(jnp.int64), alive)
+    return lax.fori_loop(1, p, step, init)[4]
+
+
+def _sv_threshold(s, rcond, driver, real):
+    """Singular values counted as nonzero: gelsd takes s > rcond * s_max (eps for an rcond
+    outside (0, 1)); gelss s > max(rcond * s_max, safe minimum) (eps * s_max for rcond < 0)."""
+    fin = jnp.finfo(real)
+    smax = s[..., :1]
+    if driver == "gelsd":
+        rc = rcond if 0 < rcond < 1 else float(fin.eps) / 2
+        return s > rc * smax
+    rc = rcond if rcond >= 0 else float(fin.eps)
+    return s > jnp.maximum(rc * smax, float(fin.tiny))
+
+
+@register("linalg_lstsq.default")
+def lstsq(sig, A, B, rcond=None, *, driver=None):
+    """(solution, residuals, rank, singular values) as LAPACK's drivers give them, the
+    matrices factored once (A's batch) and the solves broadcast:
+    - gels: QR (m >= n; residuals: the squared norm of the rows n: of Q^H B when m > n) or
+      the minimum-norm solution through the QR of A^H (m < n); A is taken as full rank;
+    - gelsy: QR with column pivoting, the rank by incremental condition estimation against
+      rcond, then the minimum-norm solution with the trailing block dropped;
+    - gelsd, gelss: the SVD, singular values up to rcond * the largest dropped.
+    rcond defaults to eps * max(m, n) (PyTorch's)."""
+    drv, vector, m, n, k, batch = _lstsq_layout(A.shape, B.shape, driver)
+    dt = _dt(sig)
+    real = jnp.real(jnp.zeros((), dt)).dtype
+    if rcond is None:
+        rcond = float(jnp.finfo(real).eps) * max(m, n)
+    A = A.astype(dt)
+    B = (B[..., None] if vector else B).astype(dt)
+    a_batch = A.shape[:-2]
+    mn = min(m, n)
+    res = rank = sv = None
+    if mn == 0 or k == 0:  # LAPACK's quick return: gels zeroes B, the others leave it
+        X = jnp.zeros(batch + (n, k), dt)
+        if m > n:
+            res = jnp.sum(jnp.abs(_to_batch(B, batch)) ** 2, axis=-2) * (drv != "gels")
+        rank = jnp.zeros(a_batch, jnp.int64)
+        sv = jnp.zeros(a_batch + (mn,), real)
+    elif drv == "gels":
+        if m >= n:
+            Q, R = jnp.linalg.qr(A, mode="complete")
+            c = _mm(_mH(_to_batch(Q, batch)), _to_batch(B, batch))
+            X = _trsm(_to_batch(R[..., :n, :], batch), c[..., :n, :], lower=False)
+            res = jnp.sum(jnp.abs(c[..., n:, :]) ** 2, axis=-2)
+        else:
+            U, T = jnp.linalg.qr(_mH(A), mode="reduced")
+            X = _mm(_to_batch(U, batch), _trsm(_to_batch(T, batch), _to_batch(B, batch), lower=False, adjoint=True))
+    elif drv == "gelsy":
+        Q, R, P = lax.linalg.qr(A, pivoting=True, full_matrices=False)
+        rank = _gelsy_rank(R, rcond)
+        c = _mm(_mH(_to_batch(Q, batch)), _to_batch(B, batch))
+        Xp = _solve_min_norm(_to_batch(R, batch), c, jnp.broadcast_to(rank, batch))
+        inv = jnp.argsort(_to_batch(P, batch, 1), axis=-1)
+        X = jnp.take_along_axis(Xp, inv[..., :, None], axis=-2)           # X[P[j]] = Xp[j]
+    else:
+        U, S, Vh = jnp.linalg.svd(A, full_matrices=False)
+        keep = _sv_threshold(S, rcond, drv, real)
+        rank = jnp.sum(keep, axis=-1).astype(jnp.int64)
+        sv = S
+        inv = jnp.where(keep, 1 / jnp.where(keep, S, 1), 0).astype(dt)
+        c = _mm(_mH(_to_batch(U, batch)), _to_batch(B, batch)) * _to_batch(inv, batch, 1)[..., :, None]
+        X = _mm(_mH(_to_batch(Vh, batch)), c)
+        if m > n:  # reached only when the rank is n for all (see the shape rule)
+            r = _mm(_to_batch(A, batch), X) - _to_batch(B, batch)
+            res = jnp.sum(jnp.abs(r) ** 2, axis=-2)
+    outs = [X[..., 0] if vector else X, res, rank, sv]
+    for i in (1, 2, 3):  # an output PyTorch leaves empty for this driver and shape
+        if outs[i] is None or (tuple(sig.outs[i].shape) == (0,) and outs[i].shape != (0,)):
+            outs[i] = _empty(sig, i)
+    return tuple(outs)
 
 
 # ---------------------------------------------------------------------------------------

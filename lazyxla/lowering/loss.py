@@ -3,24 +3,30 @@
 - NLL (1-d and 2-d), MSE, binary cross-entropy, smooth L1 and Huber, forward and backward;
 - the multi-class and multi-label margin losses' backward, and the multi-label forward
   (PyTorch's decomposition counts targets after the first -1, its CPU kernel does not).
-  PyTorch has no meta kernel for either backward op: their lowerings are used once the core
-  records ops without one; until then they run on the CPU;
-- CTC's forward (``_ctc_loss`` with lengths given as lists): a scan over time;
+  PyTorch has no meta kernel for either backward op and they have no shape rule yet
+  (``registry.SHAPE_RULES``): until they do, they run on the CPU;
+- CTC, forward and backward (``_ctc_loss``, ``_ctc_loss_backward``; lengths as lists, or as
+  tensors in the ``.Tensor`` overloads, whose values stay on the device and only mask):
+  alpha by a scan over time, beta by a reverse scan, PyTorch's CPU formulas. PyTorch has
+  no meta kernel for the ``.Tensor`` forward nor for the backward: their shape rules are
+  here. With tensor lengths the longest target is a value, so log_alpha (an output only
+  the backward reads) is as wide as the targets allow (2 * targets.shape[1] + 1, or
+  2 * targets.numel() + 1 for concatenated targets) where PyTorch's is 2 * the longest
+  target + 1; the extra columns are -inf;
 - ``F.linear_cross_entropy``'s chunked custom ops
   (``torch_nn::_linear_cross_entropy_batch_chunked[_no_reduction]``): one unchunked program.
 
 Piecewise backward formulas copy PyTorch's boundary conventions; MSE's backward is the vjp of
-its forward. Touches only the registry.
+its forward. Touches only the registries.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 
 from .nn_helpers import _HIGHEST, _f, _s, _vjp
-from .registry import register
+from .registry import register, shape_rule
 
 _REDUCTION_NONE, _REDUCTION_MEAN, _REDUCTION_SUM = 0, 1, 2
 
@@ -219,56 +225,168 @@ def multilabel_margin_loss_backward(sig, grad, x, target, reduction, is_target):
 
 
 # -- CTC -----------------------------------------------------------------------------------
-@register("_ctc_loss.default")
+def _ctc_bound(targets):
+    """The longest target a ``_ctc_loss.Tensor`` call can have without reading the lengths:
+    the padded width of 2-d targets, all of 1-d (concatenated) targets."""
+    return targets.shape[1] if targets.dim() == 2 else targets.shape[0]
+
+
+def _ctc_check(log_probs, targets, input_lengths, target_lengths, blank):
+    if log_probs.dim() != 3:
+        raise RuntimeError(f"ctc_loss: expected log_probs to have 3 dimensions (T, N, C), but got {log_probs.dim()}")
+    n = log_probs.shape[1]
+    if not 0 <= blank < log_probs.shape[2]:
+        raise RuntimeError("blank must be in label range")
+    for name, lengths in (("input_lengths", input_lengths), ("target_lengths", target_lengths)):
+        if isinstance(lengths, torch.Tensor):  # the .Tensor overloads; the others take int lists
+            if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+                raise RuntimeError(f"{name} must be integral")
+        if (lengths.numel() if isinstance(lengths, torch.Tensor) else len(lengths)) != n:
+            raise RuntimeError(f"{name} must be of size batch_size")
+    if targets.dim() == 2 and targets.shape[0] != n:
+        raise RuntimeError("Expected tensor to have size batch_size at dimension 0 (targets)")
+
+
+@shape_rule("_ctc_loss.Tensor")
+def _ctc_loss_tensor_shapes(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """(neg_log_likelihood [N], log_alpha [N, T, 2 L + 1]); PyTorch's CPU kernel makes L the
+    longest target length, a value: here L is its bound (``_ctc_bound``), the extra
+    columns of log_alpha -inf."""
+    _ctc_check(log_probs, targets, input_lengths, target_lengths, blank)
+    T, N = log_probs.shape[:2]
+    return (torch.empty((N,), dtype=log_probs.dtype, device="meta"),
+            torch.empty((N, T, 2 * _ctc_bound(targets) + 1), dtype=log_probs.dtype, device="meta"))
+
+
+@shape_rule("_ctc_loss_backward.default", "_ctc_loss_backward.Tensor")
+def _ctc_loss_backward_shapes(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha,
+                              blank, zero_infinity=False):
+    _ctc_check(log_probs, targets, input_lengths, target_lengths, blank)
+    return torch.empty(tuple(log_probs.shape), dtype=log_probs.dtype, device="meta")
+
+
+def _ctc_setup(lp, targets, input_lengths, target_lengths, blank, S):
+    """(input lengths [N], target lengths [N], extended targets l' [N, S] (blank, l1, blank,
+    l2, ..., blank; blank past the target), states inside l' [N, S], the skips allowed into
+    s from s - 2 (l'[s] != l'[s - 2]) [N, S], log_probs at l' [T, N, S]). The lengths are
+    static lists or device values alike."""
+    T, N, _ = lp.shape
+    il = jnp.broadcast_to(jnp.asarray(input_lengths).astype(jnp.int64).reshape(-1), (N,))
+    tl = jnp.broadcast_to(jnp.asarray(target_lengths).astype(jnp.int64).reshape(-1), (N,))
+    s_idx = jnp.arange(S)
+    j = s_idx // 2
+    width = targets.shape[-1] if targets.ndim == 2 else targets.shape[0]
+    if width == 0:
+        lab = jnp.full((N, S), blank, jnp.int64)
+    elif targets.ndim == 2:
+        lab = jnp.take(targets, jnp.minimum(j, width - 1), axis=1)
+    else:  # concatenated: sample b's target starts after the targets before it
+        start = jnp.cumsum(tl) - tl
+        lab = targets[jnp.clip(start[:, None] + j[None, :], 0, width - 1)]
+    odd = (s_idx % 2 == 1)[None, :]
+    ext = jnp.where(odd & (j[None, :] < tl[:, None]), lab, blank).astype(jnp.int64)
+    inside = s_idx[None, :] <= 2 * tl[:, None]
+    skip = jnp.concatenate([jnp.zeros((N, min(2, S)), bool), ext[:, 2:] != ext[:, :-2]], axis=1)
+    lpe = jnp.take_along_axis(lp, jnp.broadcast_to(ext[None], (T, N, S)), axis=2)
+    return il, tl, ext, inside, skip, lpe
+
+
+def _logsumexp3(a, b, c):
+    """log(e^a + e^b + e^c) as PyTorch's CTC kernels take it (shifted by the largest; by 0
+    when all are -inf)."""
+    m = jnp.maximum(jnp.maximum(a, b), c)
+    m = jnp.where(m == -jnp.inf, 0, m)
+    return jnp.log(jnp.exp(a - m) + jnp.exp(b - m) + jnp.exp(c - m)) + m
+
+
+def _shift(x, k, fill):
+    """x[:, s - k] (k > 0) or x[:, s + |k|] (k < 0) along the last axis, ``fill`` outside."""
+    N, S = x.shape
+    pad = jnp.full((N, min(abs(k), S)), fill, x.dtype)
+    if k > 0:
+        return jnp.concatenate([pad, x[:, :S - k]], axis=1) if S > k else pad
+    return jnp.concatenate([x[:, -k:], pad], axis=1) if S > -k else pad
+
+
+@register("_ctc_loss.default", "_ctc_loss.Tensor")
 def ctc_loss(sig, log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
     """(negative log likelihood [N], log alpha [N, T, S]) by PyTorch's CPU recursion over
     time (Graves et al., eq. 6-8), one ``lax.scan`` step per time step; S = 2 * the longest
-    target + 1. Entries PyTorch leaves unwritten (past a sample's input length or its
-    extended target) are -inf. ``zero_infinity`` acts in ``ctc_loss``, not here."""
+    target + 1 (``.Tensor``: its bound). Entries PyTorch leaves unwritten (past a sample's
+    input length or its extended target) are -inf. A sample with input length 0 has
+    likelihood 1 if its target is empty, else 0. ``zero_infinity`` acts in ``ctc_loss``,
+    not here."""
     lp = _f(log_probs)
     T, N, _ = lp.shape
     S = sig.outs[1].shape[2]
-    il = np.asarray(input_lengths, np.int64).reshape(-1)
-    tl = np.asarray(target_lengths, np.int64).reshape(-1)
-    il, tl = np.broadcast_to(il, (N,)), np.broadcast_to(tl, (N,))
-    # the extended targets l': blank, l1, blank, l2, ..., blank (blank past the target)
-    j = np.arange(S) // 2
-    if targets.ndim == 2:
-        lab = jnp.take(targets, jnp.asarray(np.minimum(j, max(targets.shape[1] - 1, 0))), axis=1)
-    else:
-        start = np.concatenate([[0], np.cumsum(tl)[:-1]])
-        pos = np.minimum(start[:, None] + j[None, :], max(targets.shape[0] - 1, 0))
-        lab = targets[jnp.asarray(pos)]
-    odd = (np.arange(S) % 2 == 1)[None, :]
-    inside = np.arange(S)[None, :] <= 2 * tl[:, None]
-    ext = jnp.where(odd & (j[None, :] < tl[:, None]), lab, blank).astype(jnp.int64)
-    # a skip from s - 2 is allowed when l'[s] differs from l'[s - 2]
-    skip = jnp.concatenate([jnp.zeros((N, 2), bool), ext[:, 2:] != ext[:, :-2]], axis=1)
-    lpe = jnp.take_along_axis(lp, jnp.broadcast_to(ext[None], (T, N, S)), axis=2)   # [T, N, S]
+    il, tl, ext, inside, skip, lpe = _ctc_setup(lp, targets, input_lengths, target_lengths, blank, S)
     ninf = jnp.asarray(-jnp.inf, lp.dtype)
-    s_idx = np.arange(S)[None, :]
+    s_idx = jnp.arange(S)[None, :]
     a0 = jnp.where(s_idx == 0, lpe[0], jnp.where((s_idx == 1) & (tl[:, None] > 0), lpe[0], ninf))
 
     def step(prev, lp_t):
-        la1 = prev
-        la2 = jnp.concatenate([jnp.full((N, 1), ninf), prev[:, :-1]], axis=1)
-        la3 = jnp.where(skip, jnp.concatenate([jnp.full((N, 2), ninf), prev[:, :-2]], axis=1), ninf)
-        m = jnp.maximum(jnp.maximum(la1, la2), la3)
-        m = jnp.where(m == ninf, 0, m)
-        new = jnp.log(jnp.exp(la1 - m) + jnp.exp(la2 - m) + jnp.exp(la3 - m)) + m + lp_t
+        new = _logsumexp3(prev, _shift(prev, 1, ninf), jnp.where(skip, _shift(prev, 2, ninf), ninf)) + lp_t
         new = jnp.where(inside, new, ninf)
         return new, new
 
     _, rest = jax.lax.scan(step, a0, lpe[1:])
     alpha = jnp.concatenate([a0[None], rest], axis=0)                      # [T, N, S]
-    alpha = jnp.where((np.arange(T)[:, None] < il[None, :])[..., None], alpha, ninf)
-    last = alpha[np.maximum(il - 1, 0), np.arange(N)]                      # [N, S]
-    l1 = jnp.take_along_axis(last, jnp.asarray(2 * tl)[:, None], axis=1)[:, 0]
-    l2 = jnp.take_along_axis(last, jnp.asarray(np.maximum(2 * tl - 1, 0))[:, None], axis=1)[:, 0]
+    alpha = jnp.where((jnp.arange(T)[:, None] < il[None, :])[..., None], alpha, ninf)
+    last = jnp.take_along_axis(alpha, jnp.clip(il - 1, 0, T - 1)[None, :, None], axis=0)[0]   # [N, S]
+    pick = lambda s: jnp.take_along_axis(last, jnp.clip(s, 0, S - 1)[:, None], axis=1)[:, 0]  # noqa: E731
+    l1, l2 = pick(2 * tl), pick(2 * tl - 1)
     m = jnp.maximum(l1, l2)
     m = jnp.where(m == ninf, 0, m)
-    ll = jnp.where(jnp.asarray(tl) == 0, last[:, 0], jnp.log(jnp.exp(l1 - m) + jnp.exp(l2 - m)) + m)
+    ll = jnp.where(tl == 0, last[:, 0], jnp.log(jnp.exp(l1 - m) + jnp.exp(l2 - m)) + m)
+    ll = jnp.where(il == 0, jnp.where(tl == 0, 0, ninf), ll)
     return -ll, jnp.transpose(alpha, (1, 0, 2))
+
+
+@register("_ctc_loss_backward.default", "_ctc_loss_backward.Tensor")
+def ctc_loss_backward(sig, grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha,
+                      blank, zero_infinity=False):
+    """PyTorch's CPU gradient (Graves et al., eq. 10-16): beta by the backward recursion
+    from each sample's last input step (a reverse ``lax.scan``), then for each (t, n, c)
+    the log-sum of alpha * beta over the states s with l'[s] = c, and
+    grad = (exp(lp) - exp(that + nll - lp)) * grad_out; 0 past the input length, and for a
+    sample of infinite loss when ``zero_infinity``. log_alpha is the forward's (only its
+    entries inside each sample's lengths are read)."""
+    lp = _f(log_probs)
+    T, N, C = lp.shape
+    S = log_alpha.shape[2]
+    il, tl, ext, inside, skip, lpe = _ctc_setup(lp, targets, input_lengths, target_lengths, blank, S)
+    ninf = jnp.asarray(-jnp.inf, lp.dtype)
+    s_idx = jnp.arange(S)[None, :]
+    skip_back = _shift(skip, -2, False)                         # into s from s + 2
+    ends = (s_idx == 2 * tl[:, None]) | ((s_idx == 2 * tl[:, None] - 1) & (tl[:, None] > 0))
+
+    def step(nxt, xs):
+        t, lp_t = xs
+        rec = _logsumexp3(nxt, _shift(nxt, -1, ninf), jnp.where(skip_back, _shift(nxt, -2, ninf), ninf)) + lp_t
+        first = jnp.where(ends, lp_t, ninf)                      # beta at t = input length - 1
+        cur = jnp.where((t == il - 1)[:, None], first, jnp.where((t < il - 1)[:, None], rec, ninf))
+        cur = jnp.where(inside, cur, ninf)
+        return cur, cur
+
+    _, beta = jax.lax.scan(step, jnp.full((N, S), ninf), (jnp.arange(T), lpe), reverse=True)   # [T, N, S]
+    alpha = jnp.transpose(_f(log_alpha).astype(lp.dtype), (1, 0, 2))
+    valid = inside[None] & (jnp.arange(T)[:, None] < il[None, :])[..., None]
+    ab = jnp.where(valid, alpha + beta, ninf)                   # [T, N, S]
+    # log-sum over the states of each class: the largest first, then the sum of the rest
+    tt = jnp.broadcast_to(jnp.arange(T)[:, None, None], ab.shape)
+    nn = jnp.broadcast_to(jnp.arange(N)[None, :, None], ab.shape)
+    cc = jnp.broadcast_to(ext[None], ab.shape)
+    big = jnp.full((T, N, C), ninf).at[tt, nn, cc].max(ab)
+    big = jnp.where(big == ninf, 0, big)
+    total = jnp.zeros((T, N, C), lp.dtype).at[tt, nn, cc].add(jnp.exp(ab - big[tt, nn, cc]))
+    collected = jnp.log(total) + big
+    nll = _f(neg_log_likelihood).astype(lp.dtype)
+    gr = _f(grad).astype(lp.dtype).reshape(-1)
+    g = (jnp.exp(lp) - jnp.exp(collected + nll[None, :, None] - lp)) * gr[None, :, None]
+    g = jnp.where((jnp.arange(T)[:, None] < il[None, :])[..., None], g, 0)
+    if zero_infinity:
+        g = jnp.where((nll == jnp.inf)[None, :, None], 0, g)
+    return g
 
 
 # -- F.linear_cross_entropy's chunked custom ops -------------------------------------------

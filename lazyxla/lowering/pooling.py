@@ -2,8 +2,8 @@
 pooling (with indices), 2-d and 3-d fractional max pooling (windows from the given random
 samples), each with its backward; 3-d average, adaptive average and adaptive max pooling and
 their backward; the backward of 3-d max pooling (whose forward is PyTorch's decomposition).
-PyTorch has no meta kernel for ``fractional_max_pool3d_backward``: its lowering is used once
-the core records ops without one; until then it runs on the CPU.
+PyTorch has no meta kernel for ``fractional_max_pool3d_backward`` and it has no shape rule
+yet (``registry.SHAPE_RULES``): until it does, it runs on the CPU.
 
 A 2-d window is read as one strided slice of the padded input per kernel offset, stacked on
 a last axis K; static numpy arrays say which offsets fall inside the input and which flat

@@ -3,7 +3,8 @@
 ``register`` fills them (every family module imports it from here, never from the package):
 ``LOWERINGS`` (op -> lowering), ``RANDOM`` (ops that receive the step's seed),
 ``STATIC_ARGS`` (scalar arguments hashed into the node) and ``ZERO_D_AS_VECTOR`` (ops run on
-0-d operands as 1-element vectors). ``DECOMPOSITIONS`` holds PyTorch's decomposition table,
+0-d operands as 1-element vectors); ``shape_rule`` fills ``SHAPE_RULES`` (output shapes of
+ops PyTorch has no meta kernel for). ``DECOMPOSITIONS`` holds PyTorch's decomposition table,
 loaded when this module is imported (``amp`` adds the gradient scaler's two ops to it).
 ``functional_of`` finds the functional overload behind an in-place or out= op.
 
@@ -28,6 +29,13 @@ STATIC_ARGS: dict = {}
 # reshapes the results back. The value says which operands: "input", "index" (the first
 # and the index), "all" (input, index and source).
 ZERO_D_AS_VECTOR: dict = {}
+# Shape rules of ops PyTorch has no meta kernel for (on meta tensors it raises
+# NotImplementedError): ``rule(*args, **kwargs)``, called with the op's arguments as meta
+# tensors, returns its result as meta tensors with the shapes, dtypes and strides PyTorch's
+# CPU kernel gives. A rule raises NotImplementedError when those depend on the values (the
+# CPU computes the op), and PyTorch's error for a call PyTorch refuses. PyTorch's own meta
+# kernel, where there is one, comes first.
+SHAPE_RULES: dict = {}
 
 
 def _resolve(op):
@@ -56,6 +64,16 @@ def register(*ops, random=False, static=(), zero_d=None):
                     STATIC_ARGS[o] = frozenset(static)
                 if zero_d:
                     ZERO_D_AS_VECTOR[o] = zero_d
+        return fn
+    return deco
+
+
+def shape_rule(*ops):
+    """Decorator: ``@shape_rule("geqrf.default")`` on ``rule(*meta_args, **meta_kwargs)``."""
+    def deco(fn):
+        for op in ops:
+            for o in _resolve(op):
+                SHAPE_RULES[o] = fn
         return fn
     return deco
 
