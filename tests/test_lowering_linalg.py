@@ -186,7 +186,7 @@ def test_qr_modes():
 
 
 def test_householder_product_and_ormqr():
-    g, tau = torch.geqrf(randn(5, 3, seed=13))           # reflectors from eager (geqrf stays on the CPU)
+    g, tau = torch.geqrf(randn(5, 3, seed=13))           # reflectors from eager geqrf
     gb, taub = torch.geqrf(randn(2, 4, 4, seed=14))
     c, cb, cr = randn(5, 2, seed=15), randn(2, 4, 3, seed=16), randn(2, 5, seed=17)
     check(lambda g, tau, gb, taub, c, cb, cr: (

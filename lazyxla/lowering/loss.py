@@ -162,6 +162,11 @@ def _margin_scale(grad, x2, reduction):
     return g / dim
 
 
+@shape_rule("multi_margin_loss_backward.default", "multilabel_margin_loss_backward.default")
+def _grad_like_input(grad, x, *args, **kwargs):  # no meta kernel in PyTorch: the input's gradient
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
 @register("multi_margin_loss_backward.default")
 def multi_margin_loss_backward(sig, grad, x, target, p, margin, weight=None, reduction=_REDUCTION_MEAN):
     """PyTorch's CPU rule: each class d != target with z = margin - x[t] + x[d] > 0 gets

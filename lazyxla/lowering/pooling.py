@@ -2,8 +2,8 @@
 pooling (with indices), 2-d and 3-d fractional max pooling (windows from the given random
 samples), each with its backward; 3-d average, adaptive average and adaptive max pooling and
 their backward; the backward of 3-d max pooling (whose forward is PyTorch's decomposition).
-PyTorch has no meta kernel for ``fractional_max_pool3d_backward`` and it has no shape rule
-yet (``registry.SHAPE_RULES``): until it does, it runs on the CPU.
+PyTorch has no meta kernel for ``fractional_max_pool3d_backward``: its shape rule
+(``registry.SHAPE_RULES``) says its output is shaped like the input.
 
 A 2-d window is read as one strided slice of the padded input per kernel offset, stacked on
 a last axis K; static numpy arrays say which offsets fall inside the input and which flat
@@ -17,10 +17,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from .nn_helpers import _HIGHEST, _f, _ntuple, _vjp
-from .registry import register
+from .registry import register, shape_rule
 
 
 # -- max pooling ---------------------------------------------------------------------------
@@ -363,6 +364,11 @@ def fractional_max_pool3d(sig, x, kernel_size, output_size, random_samples):
 @register("fractional_max_pool2d_backward.default")
 def fractional_max_pool2d_backward(sig, grad, x, kernel_size, output_size, indices):
     return _scatter_to_planes(grad, x, indices, 2)
+
+
+@shape_rule("fractional_max_pool3d_backward.default")
+def _grad_like_input(grad, x, *args, **kwargs):  # no meta kernel in PyTorch: the input's gradient
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @register("fractional_max_pool3d_backward.default")
