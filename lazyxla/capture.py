@@ -194,6 +194,8 @@ class Region:
             return Capture(lazy=True, why="values were read on the host while tracing it"), outs
         flat = list(outs) if isinstance(outs, (tuple, list)) else [outs]
         lazy_outs = [o for o in flat if type(o) is LazyTensor]
+        if len(lazy_outs) != sum(isinstance(o, torch.Tensor) for o in flat):
+            return Capture(lazy=True, why="it returns a tensor that is not on the lazy device"), outs
         if self.keeps_aliases and _aliases(lazy_outs, states):
             return Capture(lazy=True, why="its outputs alias its inputs or each other"), outs
         c = Capture()

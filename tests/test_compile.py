@@ -336,3 +336,27 @@ def test_a_compiled_step_is_found_in_the_persistent_cache_by_another_process(tmp
     (h1, l1, hit1, miss1), (h2, l2, hit2, miss2) = runs
     assert h1 == h2 and l1 == l2  # the same key in both processes
     assert miss1 >= 1 and hit2 >= 1 and miss2 == 0
+
+
+def test_views_of_inputs_behave_as_in_eager():
+    def f(x, y):
+        y.mul_(2)           # y is a view of a bigger tensor: the write reaches its base
+        return x[1:], x.t()  # views of an input: writing them writes x
+
+    g = torch.compile(f, backend="lazyxla_eval")
+    for _ in range(2):
+        base, x = torch.zeros(6), torch.arange(6.0).reshape(2, 3)
+        lbase, lx = base.to(DEV) + 1, x.to(DEV)
+        a, b = g(lx, lbase[::2])
+        a.add_(10)
+        b[0, 0] = -1
+        lazyxla.sync()
+        want_x = x.clone()
+        want_x[1:] += 10
+        want_x[0, 0] = -1
+        assert torch.equal(lx.cpu(), want_x)
+        assert torch.equal(lbase.cpu(), torch.tensor([2.0, 1, 2, 1, 2, 1]))
+    m = nn.Linear(3, 3).to(DEV)
+    h = torch.compile(lambda x: m(x)[0], backend="lazyxla")  # AOTAutograd regenerates such views itself
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(h(x.to(DEV)).cpu(), m(x.to(DEV))[0].cpu())
