@@ -360,3 +360,30 @@ def test_views_of_inputs_behave_as_in_eager():
     h = torch.compile(lambda x: m(x)[0], backend="lazyxla")  # AOTAutograd regenerates such views itself
     x = torch.randn(2, 3)
     torch.testing.assert_close(h(x.to(DEV)).cpu(), m(x.to(DEV))[0].cpu())
+
+
+def test_a_graph_break_runs_the_break_lazily_with_eagers_numbers():
+    def f(x):
+        y = x.sin() * 2
+        print("between the two graphs")  # Dynamo breaks the graph here and runs print eagerly
+        return y.cos() + 1
+
+    g = torch.compile(f, backend="lazyxla_eval")
+    x = torch.randn(4)
+    for _ in range(2):
+        torch.testing.assert_close(g(x.to(DEV)).cpu(), f(x))
+
+
+def test_buffer_donation_works_through_torch_compile():
+    import lazyxla.debug.metrics as met
+    m = nn.Linear(8, 8).to(DEV)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    f = torch.compile(m, backend="lazyxla")
+    for _ in range(3):
+        opt.zero_grad()
+        f(torch.ones(2, 8, device=DEV)).sum().backward()
+        opt.step()
+        lazyxla.sync()
+    aliased = met.metric_data("InputOutputAliasCount")[2][-1][1]
+    assert aliased >= 4  # weight, bias and their momentum buffers updated in place
+    assert torch.isfinite(m.weight.cpu()).all()  # the donated buffers' tensors still read
