@@ -90,7 +90,8 @@ class Reporter:
                         len(graph.roots), frames))
 
     def after_capture(self, region, why, key_hex, where, n_ops):
-        _emit(block("Compilation Analysis", "torch.compile region traced", why, key_hex, 0, 0, user_frames(64),
+        _emit(block("Compilation Analysis", "torch.compile region traced",
+                    f"dynamo is compiling a FX graph to HLO ({why})", key_hex, 0, 0, user_frames(64),
                     graph_name=f"{region} ({n_ops} ops)"))
 
     def after_step(self):
