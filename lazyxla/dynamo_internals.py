@@ -35,6 +35,15 @@ def teach(cls) -> None:
             f"({torch.__version__}) has no VariableBuilder._type_dispatch table with torch.Tensor ({e})") from e
     table[cls] = plain
     cls.__coerce_same_metadata_as_tangent__ = _same_tangent
+    # ... and a plain tensor to Dynamo's variables too: not a __torch_function__ subclass, whose
+    # attributes (.grad) Dynamo refuses to trace
+    from torch._dynamo.variables import builder
+    infer = builder.infer_subclass_type
+    if not getattr(infer, "_lazyxla", False):
+        def infer_subclass_type(value):
+            return None if type(value) is cls else infer(value)
+        infer_subclass_type._lazyxla = True
+        builder.infer_subclass_type = infer_subclass_type
     # lazyxla's own Python (reached from code Dynamo runs: a backward after a graph break, a
     # captured region's call) and JAX's are never Dynamo's to trace
     from torch._dynamo import trace_rules

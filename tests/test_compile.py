@@ -100,6 +100,36 @@ def test_a_whole_compiled_step_with_compiled_autograd(monkeypatch):
     _compare("mlp", "sgd", "step")
 
 
+def test_a_whole_compiled_step_with_backward_traced_into_the_graph(monkeypatch):
+    # Dynamo traces backward() into the step's graph: forward and backward are one region, the
+    # optimizer step (which breaks the graph on purpose) the other
+    monkeypatch.setattr(torch._dynamo.config, "trace_autograd_ops", True)
+    torch.manual_seed(0)
+    ref = MODELS["mlp"]()
+    lz = copy.deepcopy(ref).to(DEV)
+    steps = []
+    for model, device in ((ref, "cpu"), (lz, DEV)):
+        opt = OPTS["sgd"](model.parameters())
+
+        def step(x, y, model=model, opt=opt):
+            opt.zero_grad()
+            loss_of("mlp", model(x), y).backward()
+            opt.step()
+
+        steps.append((torch.compile(step, backend="lazyxla") if device == DEV else step, device))
+    per_step = []
+    for i in range(4):
+        for step, device in steps:
+            c = cnt("DynamoRegionCall")
+            step(*(t.to(device) for t in batch("mlp", i)))
+            if device == DEV:
+                lazyxla.sync()
+                per_step.append(cnt("DynamoRegionCall") - c)
+    assert per_step[1:] == [2, 2, 2], per_step
+    for (name, p_ref), p_lz in zip(ref.named_parameters(), lz.parameters()):
+        torch.testing.assert_close(p_lz.detach().cpu(), p_ref.detach(), rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_a_region_is_traced_once_and_found_by_its_hash_every_call():
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 2)).to(DEV)
