@@ -20,14 +20,18 @@ from .execution import ExecutionError
 from .ir import fmt_where
 from .jax_internals import tupled_parameters
 from .lowering import build_program
-from .xla import jnp_dtype
+from .xla import jnp_dtype, spmd
 
 WRAP_THRESHOLD = env_int("XLA_PARAMETER_WRAPPING_THREADSHOLD", 3200)
 
 
 def specs(graph) -> list:
     """The abstract values (shape, dtype) of the graph's parameters."""
-    return [jax.ShapeDtypeStruct(p.sig.outs[0].shape, jnp_dtype(p.sig.outs[0].dtype)) for p in graph.params]
+    if not spmd():
+        return [jax.ShapeDtypeStruct(p.sig.outs[0].shape, jnp_dtype(p.sig.outs[0].dtype)) for p in graph.params]
+    # SPMD: the program is compiled for its inputs' shardings (a program is its input layouts too)
+    return [jax.ShapeDtypeStruct(p.sig.outs[0].shape, jnp_dtype(p.sig.outs[0].dtype),
+                                 sharding=getattr(p.data, "array", p.data).sharding) for p in graph.params]
 
 
 def _function(graph, name):

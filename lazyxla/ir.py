@@ -173,19 +173,20 @@ class Node:
 _DATA_SIGS: dict = {}
 
 
-def data_sig(meta: TensorMeta) -> OpSig:
-    s = _DATA_SIGS.get(meta)
+def data_sig(meta: TensorMeta, sharding=None) -> OpSig:
+    k = meta if sharding is None else (meta, sharding)
+    s = _DATA_SIGS.get(k)
     if s is None:
-        s = OpSig(DEVICE_DATA, None, None, (), (meta,))
-        _DATA_SIGS[meta] = s
+        s = OpSig(DEVICE_DATA, None, None, ((), (("sharding", sharding),)) if sharding else (), (meta,))
+        _DATA_SIGS[k] = s
     return s
 
 
-def data_leaf(array, meta: TensorMeta, owner=None) -> Node:
-    """A device-data leaf bound to ``array`` (a jax.Array); hashes shape and dtype only.
-    ``owner`` (a weakref to a storage) makes the buffer a donation candidate; scalars and
-    the RNG seed have none."""
-    return Node(data_sig(meta), (), None, array, owner)
+def data_leaf(array, meta: TensorMeta, owner=None, sharding=None) -> Node:
+    """A device-data leaf bound to ``array`` (a jax.Array); hashes shape and dtype only, and
+    under SPMD its sharding (``sharding``: the HLO sharding text). ``owner`` (a weakref to a
+    storage) makes the buffer a donation candidate; scalars and the RNG seed have none."""
+    return Node(data_sig(meta, sharding), (), None, array, owner)
 
 
 # ---------------------------------------------------------------------------------------

@@ -63,6 +63,15 @@ def tupled_parameters(on: bool):
             jax_dispatch.should_tuple_args = orig
 
 
+def hlo_sharding_text(sharding, ndim: int) -> str:
+    """XLA's HLO sharding text of a JAX sharding for an array of ``ndim`` dimensions
+    (``{devices=[8,1]<=[8]}``, ``{replicated}``)."""
+    try:
+        return str(sharding._to_xla_hlo_sharding(ndim))
+    except AttributeError as e:
+        raise _changed("jax.sharding.Sharding._to_xla_hlo_sharding", e) from None
+
+
 def kept_arguments(compiled, n_args: int) -> list:
     """The indices of the arguments a ``jax.stages.Compiled`` passes to its executable
     (JAX drops unused ones)."""

@@ -1,10 +1,42 @@
 """torch_xla's ``torch_xla.runtime`` (``xr``) for lazyxla: ``import lazyxla.runtime as xr``.
 
 ``initialize_cache(path, readonly=False)`` turns on the persistent compilation cache (R7), as
-``XLA_PERSISTENT_CACHE_PATH`` does. Touches nothing itself.
+``XLA_PERSISTENT_CACHE_PATH`` does. ``global_runtime_device_count()`` is the number of devices
+(``CPU_NUM_DEVICES`` on the CPU); ``use_spmd()`` turns SPMD on (R12): ``lazyxla.device()`` then
+stands for every device, and data moved there is replicated until annotated
+(``lazyxla.distributed.spmd``). Touches the SPMD switch only.
 """
 from __future__ import annotations
 
+import jax
+
+from . import rng, storage, xla
+from .errors import LazyXlaError
 from .persistent_cache import initialize_cache
 
-__all__ = ["initialize_cache"]
+__all__ = ["initialize_cache", "global_runtime_device_count", "use_spmd", "is_spmd"]
+
+
+def global_runtime_device_count() -> int:
+    """How many devices the runtime has (all processes)."""
+    return jax.device_count()
+
+
+def use_spmd(auto: bool = False) -> None:
+    """Turn SPMD on, before any tensor is on the device (as torch_xla asks)."""
+    if auto:
+        raise LazyXlaError("lazyxla: use_spmd(auto=True) is not supported: JAX 0.10 has no working "
+                           "auto-partitioner (its use_auto_spmd_partitioning compiles a replicated program); "
+                           "annotate tensors with lazyxla.distributed.spmd.mark_sharding instead")
+    if xla.spmd():
+        return
+    if any(s.storage.data is not None for s in storage.live_states()):
+        raise LazyXlaError("lazyxla: use_spmd() must be called before any tensor is moved to or created on the "
+                           "device (their buffers live on one device)")
+    xla.set_spmd(True)
+    storage.forget_scalars()  # cached scalar buffers were placed on one device
+    rng.set_current(None)     # so was the seed's
+
+
+def is_spmd() -> bool:
+    return xla.spmd()

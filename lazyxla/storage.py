@@ -32,18 +32,22 @@ import torch
 from . import metrics
 from .errors import LazyXlaError
 from .ir import Node, OpSig, Slot, TensorMeta, data_leaf, fmt_where, user_frame
-from .lowering import lower_convert, lower_view_scatter
+from .jax_internals import hlo_sharding_text
+from .lowering import lower_convert, lower_sharding, lower_view_scatter
 from .lowering.program import instantiate
-from .xla import TORCH_TO_JNP, scalar_array, upload as _upload_array
+from .xla import TORCH_TO_JNP, scalar_array, sharding_tag, spmd, upload as _upload_array
+
+SHARDING_OP = "xla::sharding"  # torch_xla's custom-call name for a sharding annotation
 
 _weakref = weakref.ref
 _counters = metrics.COUNTERS
 
 
 class Storage:
-    """The value shared by a tensor and all its aliases."""
+    """The value shared by a tensor and all its aliases. ``sharding`` (SPMD): the layout the
+    user annotated (``mark_sharding``), kept through in-place updates."""
 
-    __slots__ = ("ir", "data", "version", "meta", "donate", "__weakref__")
+    __slots__ = ("ir", "data", "version", "meta", "donate", "sharding", "__weakref__")
 
     def __init__(self, ir, meta, data=None):
         self.ir = ir
@@ -51,24 +55,45 @@ class Storage:
         self.meta = meta
         self.version = 0
         self.donate = False
+        self.sharding = None
 
     @staticmethod
     def of_data(array, meta):
         st = Storage(None, meta, array)
-        st.ir = (data_leaf(array, meta, _weakref(st)), 0)
+        st.ir = (data_leaf(array, meta, _weakref(st), sharding_tag(array) if spmd() else None), 0)
         return st
 
     def set_ir(self, value):
+        if self.sharding is not None:  # an annotated tensor keeps its layout when written
+            value = constrained(value, self.meta, self.sharding)
         self.ir = value
         self.data = None
         self.version += 1
 
     def set_data(self, array):
         """The storage's value is now this device buffer (after a sync)."""
-        self.ir = (data_leaf(array, self.meta, _weakref(self)), 0)
+        tag = sharding_tag(getattr(array, "array", array)) if spmd() else None
+        self.ir = (data_leaf(array, self.meta, _weakref(self), tag), 0)
         self.data = array
         self.version += 1
         self.donate = False  # a user's donation mark belongs to the old buffer
+
+
+_SHARDING_SIGS: dict = {}
+
+
+def constrained(value, meta, sharding):
+    """``value`` laid out as ``sharding`` (a jax NamedSharding) inside the program; the
+    signature carries the sharding's HLO text, so the hash covers it (R12)."""
+    if value[0].sig.op == SHARDING_OP and value[0].sig.func == sharding:
+        return value
+    k = (meta, sharding)
+    sig = _SHARDING_SIGS.get(k)
+    if sig is None:
+        text = hlo_sharding_text(sharding, len(meta.shape))
+        sig = _SHARDING_SIGS[k] = OpSig(SHARDING_OP, sharding, lower_sharding, ((Slot(0),), (("sharding", text),)),
+                                        (meta,))
+    return (Node(sig, (value,), None), 0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -307,6 +332,11 @@ def upload(host) -> TensorState:
 
 
 _SCALARS: dict = {}
+
+
+def forget_scalars():
+    """Drop the cached scalar buffers (SPMD placed new ones on every device)."""
+    _SCALARS.clear()
 
 
 def scalar_value(v, dtype):

@@ -21,9 +21,13 @@ import numpy as np
 import torch
 
 from . import metrics
-from .config import __version__, env_str
+from .config import __version__, env_int, env_str
 
 jax.config.update("jax_enable_x64", True)
+# torch_xla's CPU_NUM_DEVICES: how many CPU devices JAX's CPU client makes (read once, before
+# JAX's backend starts; it is the process's device set from then on)
+if env_int("CPU_NUM_DEVICES", 0) > 0:
+    jax.config.update("jax_num_cpu_devices", env_int("CPU_NUM_DEVICES", 0))
 
 TORCH_TO_JNP = {
     torch.float32: jnp.float32, torch.float64: jnp.float64, torch.float16: jnp.float16,
@@ -42,6 +46,42 @@ def jax_device():
     if _device is None:
         _device = jax.devices()[0]
     return _device
+
+
+# SPMD (R12): with it on, device data lives on every device, replicated until annotated.
+_spmd = False
+
+
+def set_spmd(on: bool) -> None:
+    global _spmd
+    _spmd = bool(on)
+
+
+def spmd() -> bool:
+    return _spmd
+
+
+def placement():
+    """Where new device data goes: the device, or under SPMD every device, replicated."""
+    if not _spmd:
+        return jax_device()
+    return _replicated()
+
+
+@functools.lru_cache(maxsize=None)
+def _replicated():
+    devs = jax.devices()
+    mesh = jax.sharding.Mesh(np.array(devs), ("all",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+def sharding_tag(array):
+    """Under SPMD, the HLO sharding text of a device array (what the graph hash folds for a
+    device-data leaf); None otherwise."""
+    if not _spmd:
+        return None
+    from .jax_internals import hlo_sharding_text
+    return hlo_sharding_text(array.sharding, array.ndim)
 
 
 def jnp_dtype(dt: torch.dtype):
@@ -72,7 +112,7 @@ def _upload(host):
     else:
         arr = host.numpy().copy()
     metrics.metric_add("InboundData", arr.nbytes, "bytes")
-    return jax.device_put(arr, jax_device())
+    return jax.device_put(arr, placement())
 
 
 def download(arrays, dtypes) -> list:
@@ -99,7 +139,7 @@ def scalar_array(value, dtype: torch.dtype):
         npdt = np.dtype(jnp_dtype(dtype))
         if isinstance(value, int) and not isinstance(value, bool) and npdt.kind in "iu":
             value = np.asarray(value & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64).astype(npdt)  # wraps, as PyTorch does
-        return jax.device_put(np.asarray(value, dtype=npdt), jax_device())
+        return jax.device_put(np.asarray(value, dtype=npdt), placement())
 
 
 # XLA_FLAGS that do not change compiled code (dump and debug output): left out of the

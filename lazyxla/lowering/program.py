@@ -7,7 +7,7 @@ it instantiates the call's template, runs 0-d operands of ``ZERO_D_AS_VECTOR`` o
 PyTorch broadcasts. ``build_program`` chains the nodes of a post-order into one function of
 the parameters, which ``executor`` hands to ``jax.jit``. ``lower_convert`` and
 ``lower_view_scatter`` lower the warm path's own ``lazyxla::convert`` and ``lazyxla::view_scatter``
-nodes.
+nodes, ``lower_sharding`` a sharding annotation (``xla::sharding``).
 
 May touch: nothing; reads the registries only.
 """
@@ -112,6 +112,13 @@ def build_program(post, roots, params):
 # Internal nodes recorded by lazyxla itself (storage writes, conversions).
 def lower_convert(sig, x):
     return x  # the generic output cast does the conversion; shape broadcasts
+
+
+def lower_sharding(sig, x, sharding=None):
+    """A sharding annotation (SPMD): ``x`` constrained to the layout ``sig.func`` (a jax
+    NamedSharding); XLA's partitioner takes it from there."""
+    import jax
+    return jax.lax.with_sharding_constraint(x, sig.func)
 
 
 def lower_view_scatter(sig, base, src, views=None):
