@@ -250,7 +250,7 @@ def fmt_where(w) -> str:
 class Skeleton:
     """A node's structure without its buffers: what diagnostics keep of an old graph."""
 
-    __slots__ = ("op", "outs", "hash", "where", "operands", "params")
+    __slots__ = ("op", "outs", "hash", "where", "operands", "params", "layout")
 
     def __init__(self, node, operands):
         self.op = node.sig.op
@@ -259,6 +259,9 @@ class Skeleton:
         self.where = node.where
         self.operands = operands
         self.params = node.sig.template if node.data is None else None
+        # device data under SPMD: its HLO sharding text (data_sig's one parameter)
+        self.layout = dict(node.sig.template[1]).get("sharding") if node.data is not None and node.sig.template \
+            else None
 
     @property
     def is_data(self):

@@ -64,6 +64,14 @@ SCRIPT = textwrap.dedent('''
     xs.mark_sharding(lw, mesh2, ("model", None))
     out["reannotated"] = xs.get_sharding_spec(lw)
 
+    for k in range(2):  # the same operations, once replicated and once sharded
+        v = torch.randn(16, 4).to(D)
+        if k:
+            xs.mark_sharding(v, mesh, ("data", None))  # LINE-OF-MARK
+        s = (v * 3).sum()
+        lazyxla.sync()
+    out["explained"] = str(lazyxla.debug.recompile_log()[-1])
+
     def train(kind):
         torch.manual_seed(0)
         ref = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
@@ -122,6 +130,12 @@ def test_annotations_lay_out_data_and_constrain_pending_tensors(run):
 def test_values_never_change_and_the_hash_covers_the_layout(run):
     assert run["y_err"] < 1e-5 and run["y_spec"]  # the output keeps the layout XLA chose
     assert run["hash_differs"] and run["hlo_has_sharding"]
+
+
+def test_a_recompile_for_a_new_layout_says_so_and_where_it_was_set(run):
+    line = SCRIPT.splitlines().index(next(l for l in SCRIPT.splitlines() if "LINE-OF-MARK" in l)) + 1
+    assert "is sharded {devices=[8,1]<=[8]}, before {replicated} (its sharding changed)" in run["explained"]
+    assert f"<string>:{line}" in run["explained"], run["explained"]
 
 
 def test_bad_specs_are_clear_errors_that_change_nothing(run):

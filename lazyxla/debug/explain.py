@@ -308,6 +308,9 @@ def _first_differing_operand(a, b):
 
 def _describe_difference(a, b):
     if a.is_data and b.is_data:
+        if a.layout != b.layout and a.outs == b.outs:
+            return (f"input device data {a.outs[0]!r} is sharded {a.layout or 'on one device'}, before "
+                    f"{b.layout or 'on one device'} (its sharding changed)")
         return f"input device data {a.outs[0]!r}, before {b.outs[0]!r}"
     if a.op != b.op:
         return f"{a.op} -> {list(a.outs)}, before {b.op} -> {list(b.outs)}"

@@ -139,8 +139,10 @@ def mark_sharding(t, mesh: Mesh, partition_spec):
                            f"existing annotation must be cleared first (clear_sharding) (at {fmt_where(where)})")
     if st.data is not None:  # device data: laid out now
         st.set_data(jax.device_put(resolve(st.data), ns))
+        st.ir[0].where = where  # recompile explanations name the line that set the layout
     else:
         st.set_ir(constrained(st.ir, st.meta, ns))
+        st.ir[0].where = where
     st.sharding = ns
     return t
 
