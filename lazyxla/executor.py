@@ -23,14 +23,11 @@ from .execution import resolve, run, wait_device_ops  # noqa: F401  (wait_device
 from .graph import Graph
 from .graph_hash import KeyRequest, compute
 from .storage import pending, reads_on_host, view_on_host
-from .xla import download, spmd
+from .errors import LazyXlaError
+from .xla import auto_sharding, download, spmd
 
 # R9.2: XLA_ENABLE_PARAM_ALIASING=0 turns buffer donation off (read once).
 PARAM_ALIASING = env_flag("XLA_ENABLE_PARAM_ALIASING", True)
-
-
-def auto_sharding() -> bool:
-    return False  # R12's auto-sharding is not implemented yet
 
 
 def buffer_donors(graph: Graph, synced) -> tuple:
@@ -73,6 +70,12 @@ def lookup(graph: Graph, trace, cause, donors=(), name="SyncTensorsGraph") -> Ca
             metrics.counter_inc("CachedCompile")
             metrics.metric_add("TensorsGraphSize", prog.graph_size)
         else:
+            if auto_sharding():
+                raise LazyXlaError(
+                    "lazyxla: auto-sharding (use_spmd(auto=True)) cannot compile: JAX 0.10 has no working "
+                    "auto-partitioner (CompileOptions.use_auto_spmd_partitioning compiles a replicated program). "
+                    f"The graph hash {trace.hex} was computed with auto-sharding on; annotate tensors with "
+                    "lazyxla.distributed.spmd.mark_sharding and call use_spmd() without auto instead")
             metrics.counter_inc("UncachedCompile")
             for hook in events.BEFORE_COMPILE:
                 hook(cause, trace, graph)

@@ -23,17 +23,16 @@ def global_runtime_device_count() -> int:
 
 
 def use_spmd(auto: bool = False) -> None:
-    """Turn SPMD on, before any tensor is on the device (as torch_xla asks)."""
-    if auto:
-        raise LazyXlaError("lazyxla: use_spmd(auto=True) is not supported: JAX 0.10 has no working "
-                           "auto-partitioner (its use_auto_spmd_partitioning compiles a replicated program); "
-                           "annotate tensors with lazyxla.distributed.spmd.mark_sharding instead")
+    """Turn SPMD on, before any tensor is on the device (as torch_xla asks). ``auto=True`` sets
+    the auto-sharding flag: the graph hash folds it with ``XLA_AUTO_SPMD_MESH`` and donation is
+    off (R3.6, R9.2), but JAX 0.10 has no working auto-partitioner, so the first compile raises."""
     if xla.spmd():
+        xla.set_spmd(True, auto or xla.auto_sharding())
         return
     if any(s.storage.data is not None for s in storage.live_states()):
         raise LazyXlaError("lazyxla: use_spmd() must be called before any tensor is moved to or created on the "
                            "device (their buffers live on one device)")
-    xla.set_spmd(True)
+    xla.set_spmd(True, auto)
     storage.forget_scalars()  # cached scalar buffers were placed on one device
     rng.set_current(None)     # so was the seed's
 

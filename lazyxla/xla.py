@@ -50,11 +50,17 @@ def jax_device():
 
 # SPMD (R12): with it on, device data lives on every device, replicated until annotated.
 _spmd = False
+_auto = False  # use_spmd(auto=True): the auto-sharding flag (R3.6, R9.2)
 
 
-def set_spmd(on: bool) -> None:
-    global _spmd
+def set_spmd(on: bool, auto: bool = False) -> None:
+    global _spmd, _auto
     _spmd = bool(on)
+    _auto = bool(on and auto)
+
+
+def auto_sharding() -> bool:
+    return _auto
 
 
 def spmd() -> bool:

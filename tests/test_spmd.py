@@ -100,6 +100,18 @@ SCRIPT = textwrap.dedent('''
         return {"err": err, "compiles": compiles, "specs": [xs.get_sharding_spec(p) for p in m.parameters()],
                 "aliased": met.metric_data("InputOutputAliasCount")[2][-1][1]}
 
+    plain_hash = lazyxla.graph_hash([torch.ones(4, device=D) * 2])
+    xr.use_spmd(auto=True)  # the auto-sharding flag: in the hash, donation off, no compile
+    auto_hash = lazyxla.graph_hash([torch.ones(4, device=D) * 2])
+    out["auto_hash_differs"] = auto_hash != plain_hash
+    out["auto_fold"] = lazyxla.debug.last_fold().steps[-1].summary if lazyxla.debug.last_fold() else ""
+    try:
+        (torch.ones(4, device=D) * 2).cpu()
+    except Exception as e:
+        out["auto_compile"] = str(e)
+    import lazyxla.xla
+    lazyxla.xla.set_spmd(True, False)  # back to manual sharding for the training runs
+
     out["fsdp"] = train("fsdp")
     out["2d"] = train("2d")
 
@@ -169,6 +181,11 @@ def test_the_zoos_gpt_block_trains_sharded_like_eager(run):
     assert r["err"] < 1e-4, r
     assert r["compiles"][-1] == r["compiles"][1], r["compiles"]
     assert r["sharded"] >= 6  # qkv, proj, the MLP's weights and biases, the position table ... stay sharded
+
+
+def test_auto_sharding_is_in_the_hash_and_its_compile_says_why_it_cannot(run):
+    assert run["auto_hash_differs"]
+    assert "JAX 0.10 has no working auto-partitioner" in run["auto_compile"]
 
 
 def test_bad_specs_are_clear_errors_that_change_nothing(run):
