@@ -15,12 +15,13 @@ lowering evaluates the copied nodes inside whatever program the step becomes: co
 and lazily recorded ops of one step sync as one program, found in the cache by the graph
 hash like any other. Inputs the graph wrote in place get their new values from the node.
 
-A graph whose run needed values on the host (an op without a lowering ran on the CPU, or a
-value was read; or a 0-dim CPU tensor is among its inputs, as Adam's step count is, whose ops
-run on the CPU while tracing and would be frozen into a capture), or whose outputs alias its inputs or each other (``lazyxla_eval`` graphs; the
-AOTAutograd ones regenerate such aliases themselves), or that must build autograd history
-(``lazyxla_eval`` called with inputs that require grad) is not captured: each call runs it by
-lazy tracing, which gives eager's numbers and cuts the program where values are read.
+Not captured, but traced op by op at every call (eager's numbers; the program is cut where
+values are read): a graph whose trace needed values on the host (an op without a lowering ran
+on the CPU, or a value was read); one with a 0-dim CPU tensor among its inputs (Adam's step
+count: its ops run on the CPU while tracing and would be frozen into a capture); one returning
+a tensor off the lazy device; a ``lazyxla_eval`` graph whose outputs alias its inputs or each
+other (AOTAutograd's graphs regenerate such aliases themselves) or that is called with inputs
+that require grad (autograd must see the ops).
 
 May touch: the RNG chain (to thread the seed through a region), lazy tensors' states, the
 tracing metrics.
@@ -33,8 +34,8 @@ from . import events, metrics, rng
 from .device import DEVICE
 from .errors import LazyXlaError
 from .hashing import fold
-from .ir import Node, OpSig, Slot, fmt_where, user_frame
-from .lowering import lower_node
+from .ir import Node, OpSig, Slot, fmt_where, post_order, user_frame
+from .lowering import build_program
 from .storage import fresh
 from .tensor import LazyTensor
 
@@ -42,20 +43,9 @@ REGION_OP = "lazyxla::region"
 _COUNTERS = metrics.COUNTERS
 
 
-class _Input:
-    """A region input's placeholder signature: which input, of what meta."""
-
-    __slots__ = ("k",)
-
-    def __init__(self, k):
-        self.k = k
-
-    def __lazyxla_encode__(self):
-        return b"in" + str(self.k).encode() + b";"
-
-
 def _input_sig(k, meta):
-    return OpSig("lazyxla::region_input", None, None, ((_Input(k),), ()), (meta,))
+    """A placeholder for a region's input ``k``: hashes its position and meta only."""
+    return OpSig("lazyxla::region_input", None, None, ((k,), ()), (meta,))
 
 
 class RegionKey:
@@ -74,30 +64,14 @@ class RegionKey:
         return f"{self.name}#{self.hash.hex()[:8]}"
 
 
-class Program:
-    """The copied nodes of one capture, evaluated as the lowering of its region node."""
-
-    __slots__ = ("inputs", "post", "roots", "n_ops")
-
-    def __init__(self, inputs, post, roots):
-        self.inputs = inputs  # placeholder nodes, in operand order
-        self.post = post      # copied op nodes, operands first
-        self.roots = roots    # (copied node, output index) per region output
-        self.n_ops = len(post)
-
-
 def _lower_region(sig, key, *vals):
-    prog = sig.func
-    env = {id(p): (v,) for p, v in zip(prog.inputs, vals)}
-    for n in prog.post:
-        env[id(n)] = lower_node(n, [env[id(o)][i] for o, i in n.operands])
-    return tuple(env[id(r)][i] for r, i in prog.roots)
+    return sig.func(*vals)  # the captured nodes as one JAX function (``build_program``)
 
 
 class Capture:
     """What one signature of a region records per call (``lazy``: traced every call instead)."""
 
-    __slots__ = ("sig", "consts", "random", "outs", "mutated", "lazy", "why", "container")
+    __slots__ = ("sig", "consts", "random", "outs", "mutated", "lazy", "why", "container", "n_ops")
 
     def __init__(self, lazy=False, why=""):
         self.lazy = lazy
@@ -108,6 +82,7 @@ class Capture:
         self.outs = ()      # per graph output: a meta (a lazy tensor), or ("const", value)
         self.mutated = ()   # input positions the graph writes, in output order after the outs
         self.container = tuple  # the graph returns a tuple, a list, or (None) one value
+        self.n_ops = 0          # captured op nodes
 
 
 _CPU_SCALAR = ("cpu scalar",)
@@ -175,10 +150,9 @@ class Region:
         if c.lazy:
             why += f"; traced again at every call: {c.why}"
         h = c.sig.template[0][0].hash.hex() if c.sig is not None else ""
-        n = c.sig.func.n_ops if c.sig is not None else 0
         where = user_frame(3)
         for fn in events.AFTER_CAPTURE:
-            fn(self.name, why, h, where, n)
+            fn(self.name, why, h, where, c.n_ops)
 
     # -- capture ---------------------------------------------------------------------------
     def _capture(self, args, states, key):
@@ -207,12 +181,14 @@ class Region:
         roots = [o._state.value() for o in lazy_outs] + [after[k] for k in c.mutated] + ([seed1] if c.random else [])
         out_metas = [o._state.meta for o in lazy_outs] + [states[k].meta for k in c.mutated] + \
             ([seed1[0].sig.outs[seed1[1]]] if c.random else [])
-        prog, consts = _copy(inputs, metas, roots)
+        placeholders, post, croots, consts = _copy(inputs, metas, roots)
         c.consts = tuple(consts)
+        c.n_ops = len(post)
         c.outs = tuple(o._state.meta if type(o) is LazyTensor else ("const", o) for o in flat)
-        h = fold(b"region", *[r.vh[i] for r, i in prog.roots])
-        template = ((RegionKey(h, self.name),) + tuple(Slot(i) for i in range(len(prog.inputs))), ())
-        c.sig = OpSig(REGION_OP, prog, _lower_region, template, out_metas)
+        h = fold(b"region", *[r.vh[i] for r, i in croots])
+        template = ((RegionKey(h, self.name),) + tuple(Slot(i) for i in range(len(placeholders))), ())
+        program = build_program(placeholders + post, croots, placeholders)
+        c.sig = OpSig(REGION_OP, program, _lower_region, template, out_metas)
         rng.set_current(seed0)  # the call itself draws the numbers, through the region node
         metrics.counter_inc("DynamoExtractCompiledGraph")
         c.container = type(outs) if isinstance(outs, (tuple, list)) else None
@@ -261,34 +237,14 @@ def _aliases(outs, states) -> bool:
 def _copy(inputs, metas, roots):
     """The nodes between ``inputs`` and ``roots`` (IR values), copied with each input (and each
     device-data constant met on the way) replaced by a numbered placeholder. Returns the
-    ``Program`` and the constants' values, in placeholder order after the inputs."""
+    placeholders, the copied op nodes (operands first), the copied roots and the constants'
+    values (in placeholder order, after the inputs)."""
     index = {}
     placeholders = []
     for k, ((n, i), m) in enumerate(zip(inputs, metas)):
         index.setdefault((id(n), i), k)
         placeholders.append(Node(_input_sig(k, m), ()))
     consts = []
-
-    def boundary(o, i):
-        return (id(o), i) in index or o.data is not None
-
-    done, order = set(), []
-    for root, i in roots:
-        if boundary(root, i) or id(root) in done:
-            continue
-        stack = [(root, False)]
-        while stack:
-            node, expanded = stack.pop()
-            if id(node) in done:
-                continue
-            if not expanded:
-                stack.append((node, True))
-                stack.extend((o, False) for o, j in node.operands if not boundary(o, j) and id(o) not in done)
-                continue
-            done.add(id(node))
-            order.append(node)
-
-    copies = {}
 
     def operand(o, i):
         k = index.get((id(o), i))
@@ -300,10 +256,9 @@ def _copy(inputs, metas, roots):
             return (placeholders[k], 0)
         return (copies[id(o)], i)
 
-    post = []
-    for n in order:
-        cn = Node(n.sig, tuple(operand(o, i) for o, i in n.operands), n.where)
-        copies[id(n)] = cn
-        post.append(cn)
-    croots = [operand(r, i) for r, i in roots]
-    return Program(placeholders, post, croots), consts
+    copies, post = {}, []
+    for n in post_order(roots, skip={id(n) for n, _ in inputs}):
+        if n.data is None:
+            cn = copies[id(n)] = Node(n.sig, tuple(operand(o, i) for o, i in n.operands), n.where)
+            post.append(cn)
+    return placeholders, post, [operand(r, i) for r, i in roots], consts

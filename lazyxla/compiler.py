@@ -26,12 +26,12 @@ WRAP_THRESHOLD = env_int("XLA_PARAMETER_WRAPPING_THREADSHOLD", 3200)
 
 
 def specs(graph) -> list:
-    """The abstract values (shape, dtype) of the graph's parameters."""
-    if not spmd():
-        return [jax.ShapeDtypeStruct(p.sig.outs[0].shape, jnp_dtype(p.sig.outs[0].dtype)) for p in graph.params]
-    # SPMD: the program is compiled for its inputs' shardings (a program is its input layouts too)
+    """The abstract values (shape, dtype) of the graph's parameters; under SPMD with their
+    shardings too (a program is compiled for its inputs' layouts)."""
+    shard = spmd()
     return [jax.ShapeDtypeStruct(p.sig.outs[0].shape, jnp_dtype(p.sig.outs[0].dtype),
-                                 sharding=getattr(p.data, "array", p.data).sharding) for p in graph.params]
+                                 sharding=getattr(p.data, "array", p.data).sharding if shard else None)
+            for p in graph.params]
 
 
 def _function(graph, name):

@@ -287,13 +287,14 @@ def skeleton(value, memo=None):
     return (memo[id(root)], idx)
 
 
-def post_order(roots):
-    """Nodes reachable from ``roots`` (IR values), operands before users, each once.
+def post_order(roots, skip=()):
+    """Nodes reachable from ``roots`` (IR values), operands before users, each once; the nodes
+    whose ids are in ``skip`` are neither visited nor listed (a captured region's inputs).
 
     Operands are visited in reverse order (the last operand first), as torch's lazy core's
     iterative traversal does; the parameter sequence inherits that order.
     """
-    done = set()
+    done = set(skip)
     order = []
     for root, _ in roots:
         if id(root) in done:

@@ -198,7 +198,7 @@ def _with_defaults(func, functional):
     fill = [(i, a) for i, a in enumerate(args) if a.has_default_value() and a.name in required]
     if not fill:
         return None
-    last = max(i for i, a in fill if not a.kwarg_only) if any(not a.kwarg_only for _, a in fill) else -1
+    last = max((i for i, a in fill if not a.kwarg_only), default=-1)
     positional = [a.default_value for a in args[:last + 1]]
     kw_fill = {a.name: a.default_value for _, a in fill if a.kwarg_only}
 

@@ -35,7 +35,7 @@ from .ir import Node, OpSig, Slot, TensorMeta, data_leaf, fmt_where, user_frame
 from .jax_internals import hlo_sharding_text
 from .lowering import lower_convert, lower_sharding, lower_view_scatter
 from .lowering.program import instantiate
-from .xla import TORCH_TO_JNP, scalar_array, sharding_tag, spmd, upload as _upload_array
+from .xla import TORCH_TO_JNP, scalar_array, sharding_tag, upload as _upload_array
 
 SHARDING_OP = "xla::sharding"  # torch_xla's custom-call name for a sharding annotation
 
@@ -60,7 +60,7 @@ class Storage:
     @staticmethod
     def of_data(array, meta):
         st = Storage(None, meta, array)
-        st.ir = (data_leaf(array, meta, _weakref(st), sharding_tag(array) if spmd() else None), 0)
+        st.ir = (data_leaf(array, meta, _weakref(st), sharding_tag(array)), 0)
         return st
 
     def set_ir(self, value):
@@ -72,8 +72,7 @@ class Storage:
 
     def set_data(self, array):
         """The storage's value is now this device buffer (after a sync)."""
-        tag = sharding_tag(getattr(array, "array", array)) if spmd() else None
-        self.ir = (data_leaf(array, self.meta, _weakref(self), tag), 0)
+        self.ir = (data_leaf(array, self.meta, _weakref(self), sharding_tag(array)), 0)
         self.data = array
         self.version += 1
         self.donate = False  # a user's donation mark belongs to the old buffer

@@ -81,12 +81,13 @@ def _replicated():
     return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
 
-def sharding_tag(array):
-    """Under SPMD, the HLO sharding text of a device array (what the graph hash folds for a
-    device-data leaf); None otherwise."""
+def sharding_tag(data):
+    """Under SPMD, the HLO sharding text of device data (a jax.Array, or a program's output
+    placeholder holding one): what the graph hash folds for a device-data leaf; None otherwise."""
     if not _spmd:
         return None
     from .jax_internals import hlo_sharding_text
+    array = getattr(data, "array", data)
     return hlo_sharding_text(array.sharding, array.ndim)
 
 

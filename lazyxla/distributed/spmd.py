@@ -43,7 +43,7 @@ class Mesh:
         devs = jax.devices()
         if math.prod(shape) != len(ids):
             raise LazyXlaError(f"lazyxla: Mesh: {len(ids)} device ids do not fill a mesh of shape {shape}")
-        if sorted(ids) != list(range(len(devs))) and not set(ids) <= set(range(len(devs))):
+        if not set(ids) <= set(range(len(devs))):
             raise LazyXlaError(f"lazyxla: Mesh: device ids {ids} are not among the {len(devs)} devices "
                                f"(ids 0..{len(devs) - 1})")
         if len(set(ids)) != len(ids):
@@ -118,10 +118,6 @@ def _need_spmd(what):
                            f"tensor is on the device (at {fmt_where(user_frame(3))})")
 
 
-def _text(sharding, ndim) -> str:
-    return hlo_sharding_text(sharding, ndim)
-
-
 def mark_sharding(t, mesh: Mesh, partition_spec):
     """Lay ``t`` out over ``mesh`` as ``partition_spec`` says; returns ``t``."""
     _need_spmd("mark_sharding")
@@ -133,7 +129,7 @@ def mark_sharding(t, mesh: Mesh, partition_spec):
                            f"tensor it views (at {fmt_where(where)})")
     st = state.storage
     old = get_sharding_spec(t)
-    new = _text(ns, t.dim())
+    new = hlo_sharding_text(ns, t.dim())
     if old and old != "{replicated}" and old != new:
         raise LazyXlaError(f"lazyxla: mark_sharding: tensor of shape {list(t.shape)} is already sharded as {old}; "
                            f"existing annotation must be cleared first (clear_sharding) (at {fmt_where(where)})")
@@ -165,8 +161,8 @@ def get_sharding_spec(t) -> str:
         return ""
     st = t._state.storage
     if st.data is not None:
-        return _text(getattr(st.data, "array", st.data).sharding, len(st.meta.shape))
+        return xla.sharding_tag(st.data)
     node = st.ir[0]
     if node.sig.op == SHARDING_OP:
-        return _text(node.sig.func, len(st.meta.shape))
+        return hlo_sharding_text(node.sig.func, len(st.meta.shape))
     return ""

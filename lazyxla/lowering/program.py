@@ -89,17 +89,13 @@ def _broadcastable(src, dst):
 
 
 def build_program(post, roots, params):
-    """A function ``f(*param_arrays) -> tuple(root arrays)`` evaluating the graph."""
-    param_index = {}
-    for i, leaf in enumerate(params):
-        param_index[id(leaf)] = i
-    ops = [n for n in post if n.data is None]
+    """A function ``f(*param_arrays) -> tuple(root arrays)`` evaluating the graph; ``params``
+    (device-data leaves, or a captured region's placeholders) are its arguments, in order."""
+    is_param = {id(p) for p in params}
+    ops = [n for n in post if id(n) not in is_param]
 
     def program(*arrays):
-        env = {}
-        for n in post:
-            if n.data is not None:
-                env[id(n)] = (arrays[param_index[id(n)]],)
+        env = {id(p): (a,) for p, a in zip(params, arrays)}
         for n in ops:
             vals = [env[id(o)][i] for o, i in n.operands]
             env[id(n)] = lower_node(n, vals)
