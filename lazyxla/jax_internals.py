@@ -5,7 +5,8 @@ lazyxla needs three things JAX has no public API for:
 1. parameter wrapping (R11): making ``jax.jit`` tuple a program's parameters, which JAX
    decides in ``jax._src.dispatch.should_tuple_args`` (``tupled_parameters``);
 2. a loaded executable turned back into a ``jax.stages.Compiled`` (JAX's fast C++ call path
-   and its argument checks) for the persistent cache (``compiled_from_executable``);
+   and its argument checks) for the persistent cache (``compiled_from_executable``), with
+   the output shardings of a sharded one (``out_shardings_of``);
 3. what a ``Compiled`` keeps of its arguments and closed-over constants, to store it
    (``kept_arguments``, ``has_constant_arguments``).
 
@@ -88,10 +89,29 @@ def has_constant_arguments(compiled) -> bool:
     return bool(params is not None and getattr(params, "const_args", None))
 
 
-def compiled_from_executable(executable, device, name, arg_specs, out_specs, kept, donated):
-    """A ``jax.stages.Compiled`` around a deserialized single-device executable, built the way
-    JAX builds one after compiling. ``arg_specs``/``out_specs``: (shape, numpy dtype) pairs;
-    ``kept``: the argument indices the executable takes; ``donated``: donated indices."""
+def out_shardings_of(executable, devices) -> list:
+    """The output shardings a loaded multi-device executable was compiled with, as JAX
+    shardings over ``devices`` (in the executable's device order)."""
+    try:
+        from jax._src.interpreters import pxla
+        from jax._src.lib import xla_client as xc
+        n_out = len(executable.get_output_layouts())
+        shardings = pxla.get_out_shardings_from_executable(executable, xc.DeviceList(tuple(devices)), n_out, 0)
+    except (ImportError, AttributeError, TypeError) as e:
+        raise _changed("jax._src.interpreters.pxla.get_out_shardings_from_executable", e) from None
+    if shardings is None or len(shardings) != n_out:
+        raise _changed("jax._src.interpreters.pxla.get_out_shardings_from_executable",
+                       ValueError(f"no output shardings for {n_out} outputs"))
+    return list(shardings)
+
+
+def compiled_from_executable(executable, devices, name, arg_specs, out_specs, kept, donated,
+                             in_shardings=None, out_shardings=None):
+    """A ``jax.stages.Compiled`` around a deserialized executable, built the way JAX builds
+    one after compiling. ``devices``: the executable's devices, in its order (one, or the
+    mesh's); ``arg_specs``/``out_specs``: (shape, numpy dtype) pairs; ``kept``: the argument
+    indices the executable takes; ``donated``: donated indices; ``in_shardings`` (one per
+    argument) and ``out_shardings``: JAX shardings, needed when there are several devices."""
     try:
         from jax._src import core, stages, tree_util
         from jax._src.interpreters import pxla
@@ -101,15 +121,18 @@ def compiled_from_executable(executable, device, name, arg_specs, out_specs, kep
 
         in_avals = [core.ShapedArray(tuple(shape), np.dtype(dt)) for shape, dt in arg_specs]
         out_avals = [core.ShapedArray(tuple(shape), np.dtype(dt)) for shape, dt in out_specs]
-        sh = SingleDeviceSharding(device)
         kin = [in_avals[i] for i in kept]
-        in_sh = [sh] * len(kin)
+        if len(devices) == 1:
+            sh = SingleDeviceSharding(devices[0])
+            in_sh, out_sh = [sh] * len(kin), [sh] * len(out_avals)
+        else:
+            in_sh, out_sh = [in_shardings[i] for i in kept], list(out_shardings)
         xla_in = [Layout.from_pjrt_layout(x) for x in executable.get_parameter_layouts()]
         xla_out = [Layout.from_pjrt_layout(x) for x in executable.get_output_layouts()]
         unloaded = pxla.UnloadedMeshExecutable(
-            xla_executable=executable, device_list=xc.DeviceList((device,)), backend=device.client,
+            xla_executable=executable, device_list=xc.DeviceList(tuple(devices)), backend=devices[0].client,
             input_avals=kin, input_shardings=in_sh, output_avals=out_avals,
-            output_shardings=[sh] * len(out_avals), committed=False, name=name,
+            output_shardings=out_sh, committed=len(devices) > 1, name=name,
             unordered_effects=[], ordered_effects=[], keepalive=[], host_callbacks=[],
             kept_var_idx=set(kept), mut=None, xla_in_layouts=xla_in,
             dispatch_in_layouts=pxla.get_dispatch_layouts(xla_in, in_sh, kin),

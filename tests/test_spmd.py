@@ -58,6 +58,12 @@ SCRIPT = textwrap.dedent('''
         except Exception as e:
             errors[name] = str(e)
         assert xs.get_sharding_spec(lw) == before  # nothing half-annotated
+    for name, args in {"mesh_subset": (np.arange(4), (4,)), "mesh_order": (np.arange(8)[::-1], (8,)),
+                       "mesh_shape": (np.arange(8), (4, 4))}.items():
+        try:
+            xs.Mesh(*args)
+        except Exception as e:
+            errors[name] = str(e)
     out["errors"] = errors
     xs.clear_sharding(lw)
     out["cleared"] = xs.get_sharding_spec(lw)
@@ -194,6 +200,9 @@ def test_bad_specs_are_clear_errors_that_change_nothing(run):
     assert "'nope' is not an axis of the mesh" in e["axis"]
     assert "dimension 1 of size 4 does not split into 8 equal parts" in e["split"]
     assert "existing annotation must be cleared first" in e["reannotate"]
+    assert "4 device ids [0, 1, 2, 3] for 8 devices" in e["mesh_subset"]
+    assert "device ids [7, 6, 5, 4, 3, 2, 1, 0] are in a custom order" in e["mesh_order"]
+    assert "8 device ids do not fill a mesh of shape (4, 4)" in e["mesh_shape"]
     assert run["cleared"] == "{replicated}"
     assert run["reannotated"] == "{devices=[4,1,2]<=[2,4]T(1,0) last_tile_dim_replicate}"
 
@@ -208,3 +217,49 @@ def test_training_on_a_mesh_matches_eager_and_compiles_once_warm(run, kind):
         assert r["specs"] == ["{devices=[8,1]<=[8]}", "{devices=[8]<=[8]}"] * 2
     else:
         assert r["specs"][0].startswith("{devices=[4,1,2]")
+
+
+PCACHE_SCRIPT = textwrap.dedent('''
+    import json
+    import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
+    import lazyxla, lazyxla.runtime as xr, lazyxla.distributed.spmd as xs
+    import lazyxla.debug.metrics as met
+    xr.use_spmd()
+    D = lazyxla.device()
+    mesh = xs.Mesh(np.arange(8), (2, 4), ("batch", "model"))
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).to(D)
+    for p in m.parameters():
+        xs.mark_sharding(p, mesh, ("model",) + (None,) * (p.dim() - 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    for i in range(3):
+        g = torch.Generator().manual_seed(i)
+        xb, yb = torch.randn(16, 16, generator=g), torch.randint(0, 8, (16,), generator=g)
+        lx = xs.mark_sharding(xb.to(D), mesh, ("batch", None))
+        opt.zero_grad()
+        F.cross_entropy(m(lx), yb.to(D)).backward()
+        opt.step()
+        lazyxla.sync()
+    print(json.dumps({k: met.counter_value(k) or 0 for k in
+                      ("UncachedCompile", "PersistentCacheHit", "PersistentCacheDeserializeFailure")}
+                     | {"specs": [xs.get_sharding_spec(p) for p in m.parameters()],
+                        "values": [p.cpu().tolist() for p in m.parameters()]}))
+''')
+
+
+def test_the_persistent_cache_keeps_sharded_programs_and_a_second_process_hits(tmp_path):
+    env = dict(os.environ, CPU_NUM_DEVICES="8", XLA_PERSISTENT_CACHE_PATH=str(tmp_path / "cache"))
+    runs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", PCACHE_SCRIPT], env=env, capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr[-4000:]
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["UncachedCompile"] == 2 and first["PersistentCacheHit"] == 0  # the first step, then momentum
+    assert len(os.listdir(tmp_path / "cache")) == 2
+    assert second["UncachedCompile"] == 0 and second["PersistentCacheHit"] == 2, second
+    assert second["PersistentCacheDeserializeFailure"] == 0
+    assert second["values"] == first["values"]  # the loaded programs compute the same steps
+    assert second["specs"] == first["specs"] == ["{devices=[4,1,2]<=[2,4]T(1,0) last_tile_dim_replicate}",
+                                                  "{devices=[4,2]<=[2,4]T(1,0) last_tile_dim_replicate}"] * 2

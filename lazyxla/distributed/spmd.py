@@ -48,6 +48,15 @@ class Mesh:
                                f"(ids 0..{len(devs) - 1})")
         if len(set(ids)) != len(ids):
             raise LazyXlaError(f"lazyxla: Mesh: device ids {ids} repeat")
+        if len(ids) != len(devs):
+            raise LazyXlaError(f"lazyxla: Mesh: {len(ids)} device ids {ids} for {len(devs)} devices: an SPMD "
+                               f"program runs on every device, so the mesh must hold them all")
+        if ids != sorted(ids):
+            # JAX runs a program on one ordered device list, and data not annotated lives on the
+            # devices in id order; a mesh in another order could not meet it in one program.
+            raise LazyXlaError(f"lazyxla: Mesh: device ids {ids} are in a custom order, which lazyxla does not "
+                               f"support yet; use them in order (np.arange({len(devs)})): values are the same, "
+                               f"only which device holds which shard differs")
         if axis_names is not None and len(axis_names) != len(shape):
             raise LazyXlaError(f"lazyxla: Mesh: {len(axis_names)} axis names {tuple(axis_names)} for a mesh of "
                                f"{len(shape)} dimensions {shape}")

@@ -6,13 +6,15 @@ programs, one entry file per graph key (R7).
 on a miss or a bad entry; ``store(key, compiled, meta)`` writes one. An entry is handed to
 ``deserialize_executable`` only after its size, checksum and MAC verify (``entry``) and its
 metadata matches the key, the compile environment (versions and platform,
-``xla.compile_environment``) and the argument specs asked for. Any other entry (empty,
+``xla.compile_environment``), the argument specs asked for and, for a sharded program, its
+devices and argument layouts. Any other entry (empty,
 truncated, garbage, bit-flipped, foreign MAC, mismatched metadata) counts
 ``PersistentCacheDeserializeFailure``, is deleted unless read-only, and is a miss: the caller
 recompiles and stores again. Writes are atomic (``files.write_atomic``): concurrent writers of
 one key leave the last complete file, and a writer killed mid-write leaves only a temp file,
 never an entry. A loaded executable is called through a rebuilt ``jax.stages.Compiled``
-(``jax_internals``), or through ``RawProgram`` when JAX's internals do not fit.
+(``jax_internals``), or through ``RawProgram`` when JAX's internals do not fit (single-device
+programs only: a sharded one that cannot be rebuilt is a miss).
 
 May touch:
 - the cache directory: entry files named ``<key hex>`` and, while being written, temp files
@@ -226,11 +228,18 @@ class PersistentCache:
         client = xla.jax_device().client
         by_id = {d.id: d for d in client.devices()}
         ids = meta.get("devices")
-        if not isinstance(ids, list) or len(ids) != 1 or ids[0] not in by_id:
+        if not isinstance(ids, list) or not ids or any(i not in by_id for i in ids):
             raise _BadEntry(f"devices {ids!r} are not this process's")
-        device = by_id[ids[0]]
+        devices = [by_id[i] for i in ids]
+        in_shardings = None
+        if len(devices) > 1:  # a sharded program: it runs on these devices with these layouts
+            in_shardings = [s.sharding for s in arg_specs]
+            have = [None if sh is None else jax_internals.hlo_sharding_text(sh, len(s.shape))
+                    for sh, s in zip(in_shardings, arg_specs)]
+            if have != meta.get("in_shardings"):
+                raise _BadEntry(f"argument shardings {meta.get('in_shardings')} differ from {have}")
         try:
-            exe = client.deserialize_executable(bytes(payload), [device])
+            exe = client.deserialize_executable(bytes(payload), devices)
         except Exception as e:  # noqa: BLE001 - jaxlib raises its own runtime errors
             raise _BadEntry(f"deserialize_executable failed: {type(e).__name__}: {e}") from None
         try:
@@ -241,14 +250,16 @@ class PersistentCache:
             raise _BadEntry(f"loaded executable takes {n_in} arguments and gives {n_out} outputs")
         if CALL_PATH == "compiled":
             try:
+                out_shardings = jax_internals.out_shardings_of(exe, devices) if in_shardings else None
                 fn = jax_internals.compiled_from_executable(
-                    exe, device, str(meta.get("name") or "SyncTensorsGraph"),
+                    exe, devices, str(meta.get("name") or "SyncTensorsGraph"),
                     [(tuple(s.shape), s.dtype) for s in arg_specs], meta["out_specs"],
-                    list(meta["kept_args"]), set(meta.get("donated", ())))
+                    list(meta["kept_args"]), set(meta.get("donated", ())), in_shardings, out_shardings)
                 self.last_call_path = "compiled"
                 return fn
-            except jax_internals.JaxInternalsChanged:  # JAX moved: use the plain path
-                pass
+            except jax_internals.JaxInternalsChanged as e:  # JAX moved: use the plain path
+                if in_shardings:
+                    raise _BadEntry(f"a sharded program loads only through JAX's Compiled: {e}") from None
         self.last_call_path = "raw"
         return RawProgram(exe, arg_specs, list(meta["kept_args"]), n_outputs)
 
@@ -256,8 +267,8 @@ class PersistentCache:
     def store(self, key: bytes, compiled, meta: dict | None = None) -> None:
         """Write ``compiled`` (a jax.stages.Compiled) under ``key``; ``meta`` (JSON-able) is
         kept as the entry's ``extra``. Never raises for I/O trouble: warns once and goes on.
-        Does nothing when read-only or for programs it cannot describe (several devices,
-        closed-over constant arguments)."""
+        Does nothing when read-only or for programs it cannot describe (closed-over constant
+        arguments). A sharded program keeps its devices and its argument layouts."""
         if self.readonly:
             return
         path = self.entry_path(key)
@@ -285,13 +296,15 @@ class PersistentCache:
     def _describe(self, key, compiled, meta):
         exe = compiled.runtime_executable()
         devices = exe.local_devices()
-        if len(devices) != 1:
-            raise ValueError(f"it runs on {len(devices)} devices; only single-device programs are kept")
         if jax_internals.has_constant_arguments(compiled):
             raise ValueError("it takes closed-over constant arguments")
         infos = jax.tree_util.tree_leaves(compiled.args_info)
         kept = jax_internals.kept_arguments(compiled, len(infos))
         outs = jax.tree_util.tree_leaves(compiled.out_info)
+        in_shardings = None
+        if len(devices) > 1:
+            in_shardings = [jax_internals.hlo_sharding_text(sh, len(a.shape))
+                            for sh, a in zip(jax.tree_util.tree_leaves(compiled.input_shardings), infos)]
         if len(exe.get_parameter_layouts()) != len(kept) or len(exe.get_output_layouts()) != len(outs):
             raise ValueError("its executable's signature does not match its arguments")
         payload = devices[0].client.serialize_executable(exe)
@@ -302,6 +315,7 @@ class PersistentCache:
             "key": bytes(key).hex(),
             "XLA_FLAGS": env_str("XLA_FLAGS"),
             "devices": [d.id for d in devices],
+            "in_shardings": in_shardings,
             "created": time.time(),
             "arg_specs": spec_list(infos),
             "kept_args": kept,
