@@ -20,7 +20,7 @@ from .execution import ExecutionError
 from .ir import fmt_where
 from .jax_internals import tupled_parameters
 from .lowering import build_program
-from .xla import jnp_dtype, spmd
+from .xla import jnp_dtype, process_mesh, spmd
 
 WRAP_THRESHOLD = env_int("XLA_PARAMETER_WRAPPING_THREADSHOLD", 3200)
 
@@ -35,21 +35,54 @@ def specs(graph) -> list:
 
 
 def _function(graph, name):
+    """The program's function and its abstract arguments; in a job of several processes, the
+    function runs on every process's device under ``shard_map`` with the process axis bound
+    (each process's arrays are its own block of a global array that claims to be replicated:
+    the body is per-process code, and only the collectives cross processes)."""
     fn = build_program(graph.post, graph.roots, graph.params)
     fn.__name__ = name
-    return fn
+    args = specs(graph)
+    mesh = process_mesh()
+    if mesh is None:
+        return fn, args
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    fn = jax.shard_map(fn, mesh=mesh, in_specs=tuple(jax.sharding.PartitionSpec() for _ in args),
+                       out_specs=jax.sharding.PartitionSpec(), check_vma=False)
+    return fn, [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep) for a in args]
+
+
+class ProcessProgram:
+    """A program compiled for the process mesh, called like a one-device one: each local
+    array is wrapped (no copy) as this process's block of a global array, and each output
+    unwrapped to this process's block."""
+
+    __slots__ = ("compiled", "sharding")
+
+    def __init__(self, compiled, mesh):
+        self.compiled = compiled
+        self.sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+    def __call__(self, *arrays):
+        wrap, sh = jax.make_array_from_single_device_arrays, self.sharding
+        outs = self.compiled(*[wrap(a.shape, sh, [a]) for a in arrays])
+        return tuple(o.addressable_data(0) for o in outs)
+
+    def __getattr__(self, name):  # as_text(), cost_analysis(), ... of the compiled program
+        return getattr(self.compiled, name)
 
 
 def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
-    """The compiled program (a ``jax.stages.Compiled``) and what compiling it cost (ns)."""
-    fn = _function(graph, name)
-    args = specs(graph)
+    """The compiled program (a ``jax.stages.Compiled``, or a ``ProcessProgram`` around one in a
+    job of several processes) and what compiling it cost (ns)."""
+    fn, args = _function(graph, name)
     t0 = metrics.now_ns()
     try:
         with tupled_parameters(wrap_allowed and len(args) >= WRAP_THRESHOLD):
             compiled = jax.jit(fn, donate_argnums=donors).lower(*args).compile()
     except Exception as e:
         raise ExecutionError(describe_failure("compile", key_hex, graph, e)) from e
+    if process_mesh() is not None:
+        compiled = ProcessProgram(compiled, process_mesh())
     dt = metrics.now_ns() - t0
     metrics.metric_add("CompileTime", dt, "time")
     metrics.counter_inc("CreateCompileHandles")
@@ -60,7 +93,8 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
 
 def hlo_text(graph) -> str:
     """The program text of the graph (HLO; StableHLO where JAX offers no HLO text)."""
-    lowered = jax.jit(_function(graph, "IrToHlo")).lower(*specs(graph))
+    fn, args = _function(graph, "IrToHlo")
+    lowered = jax.jit(fn).lower(*args)
     try:
         return lowered.compiler_ir("hlo").as_hlo_text()
     except Exception:  # noqa: BLE001 - older/newer JAX: fall back to StableHLO text

@@ -24,7 +24,7 @@ from .graph import Graph
 from .graph_hash import KeyRequest, compute
 from .storage import pending, reads_on_host, view_on_host
 from .errors import LazyXlaError
-from .xla import auto_sharding, download
+from .xla import auto_sharding, download, process_mesh
 
 # R9.2: XLA_ENABLE_PARAM_ALIASING=0 turns buffer donation off (read once).
 PARAM_ALIASING = env_flag("XLA_ENABLE_PARAM_ALIASING", True)
@@ -92,7 +92,7 @@ def lookup(graph: Graph, trace, cause, donors=(), name="SyncTensorsGraph") -> Ca
 
 def _load_persistent(graph, trace, donors):
     pcache = persistent_cache.get_cache()
-    if pcache is None:
+    if pcache is None or process_mesh() is not None:  # a job's programs span its processes: not kept
         return None
     fn = pcache.load(trace.key, specs(graph), len(graph.roots))
     if fn is None:
@@ -103,7 +103,7 @@ def _load_persistent(graph, trace, donors):
 
 def _store_persistent(prog, name):
     pcache = persistent_cache.get_cache()
-    if pcache is not None:
+    if pcache is not None and process_mesh() is None:
         pcache.store(prog.key, prog.executable, {"name": name, "fold": [s.as_dict() for s in prog.trace.steps]})
 
 

@@ -4,7 +4,9 @@
 ``XLA_PERSISTENT_CACHE_PATH`` does. ``global_runtime_device_count()`` is the number of devices
 (``CPU_NUM_DEVICES`` on the CPU); ``use_spmd()`` turns SPMD on (R12): ``lazyxla.device()`` then
 stands for every device, and data moved there is replicated until annotated
-(``lazyxla.distributed.spmd``). Touches the SPMD switch only.
+(``lazyxla.distributed.spmd``). ``world_size()``, ``global_ordinal()`` and ``local_ordinal()``
+say who this process is in a job of several (``lazyxla.distributed.init``). Touches the SPMD
+switch only.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from . import rng, storage, xla
 from .errors import LazyXlaError
 from .persistent_cache import initialize_cache
 
-__all__ = ["initialize_cache", "global_runtime_device_count", "use_spmd", "is_spmd"]
+__all__ = ["initialize_cache", "global_runtime_device_count", "use_spmd", "is_spmd", "world_size",
+           "global_ordinal", "local_ordinal"]
 
 
 def global_runtime_device_count() -> int:
@@ -26,6 +29,9 @@ def use_spmd(auto: bool = False) -> None:
     """Turn SPMD on, before any tensor is on the device (as torch_xla asks). ``auto=True`` sets
     the auto-sharding flag: the graph hash folds it with ``XLA_AUTO_SPMD_MESH`` and donation is
     off (R3.6, R9.2), but JAX 0.10 has no working auto-partitioner, so the first compile raises."""
+    if xla.process_mesh() is not None:
+        raise LazyXlaError("lazyxla: use_spmd() in a job of several processes is not supported yet: SPMD "
+                           "meshes span one process's devices")
     if xla.spmd():
         xla.set_spmd(True, auto or xla.auto_sharding())
         return
@@ -39,3 +45,21 @@ def use_spmd(auto: bool = False) -> None:
 
 def is_spmd() -> bool:
     return xla.spmd()
+
+
+def world_size() -> int:
+    """How many processes take part in the job (1 unless ``lazyxla.distributed.init`` joined one)."""
+    from .distributed import world
+    return world.world_size()
+
+
+def global_ordinal() -> int:
+    """This process's rank in the job."""
+    from .distributed import world
+    return world.global_ordinal()
+
+
+def local_ordinal() -> int:
+    """This process's rank on its machine."""
+    from .distributed import world
+    return world.local_ordinal()

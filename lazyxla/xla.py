@@ -7,6 +7,8 @@ JAX's 64-bit mode at import so that PyTorch's default int64 and float64 stay 64-
 platform, the devices, the code-changing ``XLA_FLAGS`` and the versions of everything that
 generates code; the graph hash folds it (R3 step 2) and the persistent cache checks it.
 
+Also holds where programs run: SPMD's switches (``set_spmd``) and, in a job of several
+processes, the process mesh (``set_process_mesh``, set by ``lazyxla.distributed.init``).
 May touch: JAX's global config (x64) and the transfer metrics.
 """
 from __future__ import annotations
@@ -42,10 +44,26 @@ _device = None
 
 
 def jax_device():
+    """This process's device (its first local one: in a job of several processes, JAX's
+    device list holds every process's devices)."""
     global _device
     if _device is None:
-        _device = jax.devices()[0]
+        _device = jax.local_devices()[0]
     return _device
+
+
+# A job of several processes (lazyxla.distributed.init): the mesh of one device per process
+# that every program runs on, so that collectives can reduce across processes.
+_process_mesh = None
+
+
+def set_process_mesh(mesh) -> None:
+    global _process_mesh
+    _process_mesh = mesh
+
+
+def process_mesh():
+    return _process_mesh
 
 
 # SPMD (R12): with it on, device data lives on every device, replicated until annotated.

@@ -1,0 +1,163 @@
+"""Several processes, one job: starting JAX's distributed runtime and saying who is who.
+
+``init()`` joins this process to a job: it reads torchrun's environment (``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) or its arguments and starts
+``jax.distributed`` (PJRT; collectives over gloo on the CPU). JAX's coordinator listens on
+``MASTER_PORT + 1`` (torchrun's own store holds ``MASTER_PORT``) unless
+``LAZYXLA_COORDINATOR_PORT`` says otherwise. ``spawn(fn, args, nprocs)`` starts ``nprocs``
+real processes on this machine that each call ``init()`` then ``fn(index, *args)``
+(torch_xla's ``xmp.spawn``). Once joined, every program lazyxla compiles runs on one device
+per process (``process_mesh``), so the collectives recorded in a step (``collectives``) are
+part of its one program; every process must run the same programs in the same order.
+
+May touch: JAX's distributed runtime (started once), the in-memory compilation cache
+(emptied when the process joins: its programs were built for one process).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+
+import jax
+import numpy as np
+
+from .. import xla
+from ..errors import LazyXlaError
+from ..lowering import PROCESS_AXIS as AXIS  # the process axis that the collectives reduce over
+_state = {"world": 1, "rank": 0, "local_rank": 0, "mesh": None}
+
+
+def world_size() -> int:
+    """How many processes take part (1 before ``init``)."""
+    return _state["world"]
+
+
+def global_ordinal() -> int:
+    """This process's rank among all processes."""
+    return _state["rank"]
+
+
+def local_ordinal() -> int:
+    """This process's rank on its machine."""
+    return _state["local_rank"]
+
+
+def process_mesh():
+    """The 1-D JAX mesh of one device per process (each process's first), axis ``AXIS``;
+    None in a single process."""
+    return _state["mesh"]
+
+
+def _env_int(name, given, default=None):
+    if given is not None:
+        return int(given)
+    v = os.environ.get(name)
+    if v is None or v == "":
+        if default is None:
+            raise LazyXlaError(f"lazyxla.distributed.init: {name} is not set; launch with torchrun (or "
+                               f"lazyxla.distributed.spawn), or pass it to init()")
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise LazyXlaError(f"lazyxla.distributed.init: {name}={v!r} is not an integer") from None
+
+
+def init(rank=None, world_size=None, master_addr=None, master_port=None, local_rank=None,
+         timeout: int = 120, heartbeat_timeout: int | None = None) -> None:
+    """Join this process to the job (once, before any tensor is on the device).
+
+    ``timeout``: seconds to wait for every process to join; ``heartbeat_timeout`` (default
+    ``LAZYXLA_HEARTBEAT_TIMEOUT`` or 30): seconds after which a process that stopped answering
+    is declared lost and the others stop with an error naming it."""
+    if _state["mesh"] is not None or _state["world"] > 1:
+        raise LazyXlaError("lazyxla.distributed.init: this process has already joined a job")
+    rank = _env_int("RANK", rank)
+    world = _env_int("WORLD_SIZE", world_size)
+    local = _env_int("LOCAL_RANK", local_rank, default=rank)
+    if world < 1 or not 0 <= rank < world:
+        raise LazyXlaError(f"lazyxla.distributed.init: rank {rank} is not within a world of {world} processes")
+    if world == 1:
+        _state.update(world=1, rank=0, local_rank=local)
+        return
+    addr = master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    port = os.environ.get("LAZYXLA_COORDINATOR_PORT")
+    port = int(port) if port else _env_int("MASTER_PORT", master_port) + 1
+    beat = heartbeat_timeout or int(os.environ.get("LAZYXLA_HEARTBEAT_TIMEOUT") or 30)
+    if rank == 0:
+        _check_port_free(addr, port)
+    try:
+        jax.distributed.initialize(coordinator_address=f"{addr}:{port}", num_processes=world, process_id=rank,
+                                   initialization_timeout=int(timeout), heartbeat_timeout_seconds=int(beat))
+    except Exception as e:  # noqa: BLE001 - JAX raises its runtime's own errors
+        raise LazyXlaError(
+            f"lazyxla.distributed.init: process {rank} of {world} could not join the job at {addr}:{port} within "
+            f"{timeout} s ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Every process must "
+            f"be started with the same WORLD_SIZE and MASTER_ADDR/MASTER_PORT") from None
+    if jax.process_count() != world:
+        raise LazyXlaError(f"lazyxla.distributed.init: JAX sees {jax.process_count()} processes, WORLD_SIZE "
+                           f"says {world}")
+    firsts = {}
+    for d in jax.devices():  # by position, not id: ids are not contiguous across processes
+        firsts.setdefault(d.process_index, d)
+    mesh = jax.sharding.Mesh(np.array([firsts[p] for p in range(world)]), (AXIS,))
+    _state.update(world=world, rank=rank, local_rank=local, mesh=mesh)
+    xla.set_process_mesh(mesh)
+    from ..cache import computation_cache
+    computation_cache().clear()
+
+
+def _check_port_free(addr, port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((addr if addr not in ("localhost",) else "127.0.0.1", port))
+        except OSError as e:
+            raise LazyXlaError(f"lazyxla.distributed.init: the coordinator port {addr}:{port} is in use "
+                               f"({e.strerror}); pick another MASTER_PORT (JAX's coordinator takes "
+                               f"MASTER_PORT + 1) or set LAZYXLA_COORDINATOR_PORT") from None
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that nothing listens on now (and the one above it)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            with socket.socket() as s2:
+                s2.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise LazyXlaError("lazyxla.distributed: found no free pair of ports on the loopback")
+
+
+def _child(index, fn, args, env):
+    os.environ.update(env)
+    os.environ.update(RANK=str(index), LOCAL_RANK=str(index))
+    init()
+    fn(index, *args)
+
+
+def spawn(fn, args=(), nprocs: int | None = None, join: bool = True, start_method: str = "spawn"):
+    """Start ``nprocs`` processes (default: ``WORLD_SIZE`` or 2) that each join the job and
+    call ``fn(index, *args)``, as torch_xla's ``xmp.spawn``. With ``join`` (default) wait for
+    them and raise if one failed, naming it; otherwise return the processes."""
+    n = int(nprocs or os.environ.get("WORLD_SIZE") or 2)
+    env = {"WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    ctx = multiprocessing.get_context(start_method)
+    procs = [ctx.Process(target=_child, args=(i, fn, tuple(args), env), daemon=False) for i in range(n)]
+    for p in procs:
+        p.start()
+    if not join:
+        return procs
+    failed = []
+    for i, p in enumerate(procs):
+        p.join()
+        if p.exitcode != 0:
+            failed.append((i, p.exitcode))
+    if failed:
+        raise LazyXlaError("lazyxla.distributed.spawn: " + ", ".join(
+            f"process {i} exited with code {c}" for i, c in failed))
+    return None

@@ -1,0 +1,30 @@
+"""Lowerings of the cross-process collectives (``xla::all_reduce``, ``xla::all_gather``,
+``xla::reduce_scatter``): JAX's ``psum``/``pmax``/``pmin``, ``all_gather`` and
+``psum_scatter`` over the process axis ``PROCESS_AXIS``, which the compiler binds when the
+process has joined a job of several (``xla.process_mesh``). In a job of one process they are
+what the collective amounts to there (a scaled copy, or the value itself).
+May touch: nothing."""
+from __future__ import annotations
+
+import jax
+
+PROCESS_AXIS = "proc"  # the name the compiler gives the process axis of its mesh
+_REDUCERS = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}
+
+
+def lower_all_reduce(sig, x, reduce_type="sum", scale=1.0, world=1):
+    if world > 1:
+        x = _REDUCERS[reduce_type](x, PROCESS_AXIS)
+    return x * scale if scale != 1.0 else x
+
+
+def lower_all_gather(sig, x, dim=0, world=1):
+    if world == 1:
+        return x
+    return jax.lax.all_gather(x, PROCESS_AXIS, axis=dim, tiled=True)
+
+
+def lower_reduce_scatter(sig, x, reduce_type="sum", scale=1.0, dim=0, world=1):
+    if world > 1:
+        x = jax.lax.psum_scatter(x, PROCESS_AXIS, scatter_dimension=dim, tiled=True)
+    return x * scale if scale != 1.0 else x
