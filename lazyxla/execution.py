@@ -26,7 +26,17 @@ _last_done = 0  # when the previous program finished (ExecuteTime counts from th
 
 
 class ExecutionError(RuntimeError):
-    """An XLA program failed; raised at the next wait or value read."""
+    """An XLA program failed; raised at the next wait or value read. ``root``: the first
+    failure's own message, when this one only followed from it."""
+
+    def __init__(self, message, root=None):
+        super().__init__(message)
+        self.root = root or message
+
+
+# Set by lazyxla.distributed when this process is one of a job: says which processes are lost
+# when a program fails (it may wait for the job's heartbeat timeout to know). None otherwise.
+explain_failure = None
 
 
 class Placeholder:
@@ -48,7 +58,7 @@ class Placeholder:
             except ValueError:
                 pass
             # a fresh exception: re-raising the stored one would pin the caller's frames
-            raise ExecutionError(str(err)) from None
+            raise ExecutionError(str(err), getattr(err, "root", None)) from None
         return self.array
 
 
@@ -62,7 +72,7 @@ def resolve(d, wait=True):
         else:
             f = d.future
             if f.done() and f.exception() is not None:
-                raise ExecutionError(str(f.exception()))
+                raise ExecutionError(str(f.exception()), getattr(f.exception(), "root", None))
             d = d.array
     if d.is_deleted():
         raise ExecutionError("lazyxla: this device buffer was donated to a program "
@@ -77,16 +87,23 @@ def _await(outs, key_hex, t0):
         except Exception as e:  # noqa: BLE001 - surfaced at the next wait or read
             if a.is_deleted():
                 continue  # donated to a later program, which waits on it (and fails if it failed)
-            raise ExecutionError(f"lazyxla: execution of graph {key_hex} failed: {type(e).__name__}: {e}") from None
+            raise ExecutionError(_failure_text(key_hex, e)) from None
     global _last_done
     t1 = _now()
     metrics.metric_add("ExecuteTime", t1 - max(t0, _last_done), "time")
     _last_done = t1
 
 
-def _failed(message):
+def _failure_text(key_hex, e):
+    text = f"lazyxla: execution of graph {key_hex} failed: {type(e).__name__}: {e}"
+    if explain_failure is not None:
+        text += explain_failure()
+    return text
+
+
+def _failed(message, root=None):
     f = Future()
-    f.set_exception(ExecutionError(message))
+    f.set_exception(ExecutionError(message, root))
     return f
 
 
@@ -112,14 +129,15 @@ def run(executable, inputs, n_outputs: int, key_hex: str) -> list:
         wait([_inflight[-MAX_INFLIGHT]])
     try:
         args = [resolve(d, wait=False) for d in inputs]
-    except ExecutionError as e:
-        fut, outs = _failed(f"lazyxla: graph {key_hex} not run: an input comes from a failed graph ({e})"), None
+    except ExecutionError as e:  # named after the first failure, not after the chain that led here
+        fut, outs = _failed(f"lazyxla: graph {key_hex} not run: an input comes from a failed graph ({e.root})",
+                            e.root), None
     else:
         t0 = _now()
         try:
             outs = executable(*args)
         except Exception as e:  # noqa: BLE001 - surfaced at the next wait or read
-            fut, outs = _failed(f"lazyxla: execution of graph {key_hex} failed: {type(e).__name__}: {e}"), None
+            fut, outs = _failed(_failure_text(key_hex, e)), None
         else:
             fut = _waiter.submit(_await, outs, key_hex, t0)
     while _inflight and _inflight[0].done() and _inflight[0].exception() is None:

@@ -10,7 +10,8 @@ real processes on this machine that each call ``init()`` then ``fn(index, *args)
 per process (``process_mesh``), so the collectives recorded in a step (``collectives``) are
 part of its one program; every process must run the same programs in the same order.
 
-May touch: JAX's distributed runtime (started once), the in-memory compilation cache
+May touch: JAX's distributed runtime (started once), execution's failure explainer (which names
+lost processes), the in-memory compilation cache
 (emptied when the process joins: its programs were built for one process).
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ import socket
 import jax
 import numpy as np
 
-from .. import xla
+from .. import execution, xla
 from ..errors import LazyXlaError
 from ..lowering import PROCESS_AXIS as AXIS  # the process axis that the collectives reduce over
 _state = {"world": 1, "rank": 0, "local_rank": 0, "mesh": None}
@@ -95,17 +96,52 @@ def init(rank=None, world_size=None, master_addr=None, master_port=None, local_r
             f"lazyxla.distributed.init: process {rank} of {world} could not join the job at {addr}:{port} within "
             f"{timeout} s ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Every process must "
             f"be started with the same WORLD_SIZE and MASTER_ADDR/MASTER_PORT") from None
-    if jax.process_count() != world:
-        raise LazyXlaError(f"lazyxla.distributed.init: JAX sees {jax.process_count()} processes, WORLD_SIZE "
-                           f"says {world}")
+    _agree_on_world(rank, world, timeout)
     firsts = {}
     for d in jax.devices():  # by position, not id: ids are not contiguous across processes
         firsts.setdefault(d.process_index, d)
     mesh = jax.sharding.Mesh(np.array([firsts[p] for p in range(world)]), (AXIS,))
     _state.update(world=world, rank=rank, local_rank=local, mesh=mesh)
     xla.set_process_mesh(mesh)
+    execution.explain_failure = _lost_processes
     from ..cache import computation_cache
     computation_cache().clear()
+
+
+def _agree_on_world(rank, world, timeout):
+    """Every process must have been started with the same world size: each says its own in
+    the coordinator's key-value store and reads everyone's."""
+    from jax._src import distributed
+    client = distributed.global_state.client
+    client.key_value_set(f"lazyxla/world_size/{rank}", str(world))
+    if jax.process_count() != world:
+        raise LazyXlaError(f"lazyxla.distributed.init: process {rank} was started with WORLD_SIZE={world}, but the "
+                           f"job has {jax.process_count()} processes")
+    for r in range(world):
+        try:
+            theirs = client.blocking_key_value_get(f"lazyxla/world_size/{r}", int(timeout * 1000))
+        except Exception:  # noqa: BLE001
+            raise LazyXlaError(f"lazyxla.distributed.init: process {r} did not say its world size within "
+                               f"{timeout} s") from None
+        if theirs != str(world):
+            raise LazyXlaError(f"lazyxla.distributed.init: process {r} was started with WORLD_SIZE={theirs}, "
+                               f"this process (rank {rank}) with {world}: every process must get the same")
+
+
+def _lost_processes() -> str:
+    """What a failed program says in a job: which processes stopped answering, as JAX's
+    coordination service sees them (asking waits at most about the heartbeat timeout)."""
+    world = _state["world"]
+    try:
+        from jax._src import distributed
+        live = distributed.global_state.client.get_live_nodes(list(range(world)))
+    except Exception as e:  # noqa: BLE001 - the runtime may be going down itself
+        return f" (in a job of {world} processes; which are alive could not be asked: {type(e).__name__})"
+    lost = [r for r in range(world) if r not in live]
+    if not lost:
+        return f" (in a job of {world} processes, all still alive)"
+    return (f" (in a job of {world} processes: process{'es' if len(lost) > 1 else ''} "
+            f"{', '.join(map(str, lost))} stopped answering and {'are' if len(lost) > 1 else 'is'} lost)")
 
 
 def _check_port_free(addr, port):

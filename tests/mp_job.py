@@ -1,0 +1,100 @@
+"""A data-parallel job for tests/test_multiprocess.py, launched as
+``python mp_job.py spawn OUT`` (lazyxla.distributed.spawn, 2 processes), under
+``torchrun --nproc_per_node=2 mp_job.py torchrun OUT``, or ``python mp_job.py die OUT``
+(process 1 dies mid-training). Each process writes ``OUT.<rank>.json``."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import lazyxla
+import lazyxla.debug.metrics as met
+import lazyxla.distributed as xd
+import lazyxla.runtime as xr
+
+
+def data(i):
+    g = torch.Generator().manual_seed(i)
+    return torch.randn(16, 12, generator=g), torch.randint(0, 5, (16,), generator=g)
+
+
+def model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 5))
+
+
+def reference(steps=5):
+    """One process trained on the full batch."""
+    ref = model()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for i in range(steps):
+        x, y = data(i)
+        opt.zero_grad()
+        F.cross_entropy(ref(x), y).backward()
+        opt.step()
+    return [p.detach().tolist() for p in ref.parameters()]
+
+
+def train(index, out):
+    D = lazyxla.device()
+    n, r = xr.world_size(), xr.global_ordinal()
+    m = model().to(D)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    compiles, hashes = [], []
+    for i in range(5):
+        x, y = data(i)
+        x, y = x.chunk(n)[r], y.chunk(n)[r]  # this process's half of the batch
+        opt.zero_grad()
+        F.cross_entropy(m(x.to(D)), y.to(D)).backward()
+        xd.optimizer_step(opt)
+        hashes.append(lazyxla.graph_hash(list(m.parameters())))
+        lazyxla.sync()
+        compiles.append(met.counter_value("UncachedCompile"))
+    t = torch.tensor([float(r + 1)] * 4).to(D)
+    res = {"rank": r, "world": n, "local": xr.local_ordinal(), "compiles": compiles, "hashes": hashes,
+           "params": [p.cpu().tolist() for p in m.parameters()],
+           "sum": xd.all_reduce(xd.REDUCE_SUM, t, scale=0.5).cpu().tolist(),
+           "max": xd.all_reduce(xd.REDUCE_MAX, t).cpu().tolist(),
+           "min": xd.all_reduce(xd.REDUCE_MIN, t).cpu().tolist(),
+           "gather": xd.all_gather(t[:2] * 1, dim=0).cpu().tolist(),
+           "scatter": xd.reduce_scatter(xd.REDUCE_SUM, t, 1.0, 0, n).cpu().tolist()}
+    xd.rendezvous("done")
+    with open(f"{out}.{r}.json", "w") as f:
+        json.dump(res, f)
+
+
+def die(index, out):
+    D = lazyxla.device()
+    t = torch.ones(4).to(D)
+    t0 = time.time()
+    try:
+        for i in range(100000):
+            t = xd.all_reduce(xd.REDUCE_SUM, t, scale=0.5)
+            lazyxla.sync()
+            if index == 1 and i == 3:
+                os._exit(9)  # killed mid-training
+            t.cpu()
+    except Exception as e:
+        with open(f"{out}.{index}.json", "w") as f:
+            json.dump({"error": str(e), "seconds": time.time() - t0}, f)
+        raise
+
+
+if __name__ == "__main__":
+    mode, out = sys.argv[1], sys.argv[2]
+    if mode == "torchrun":
+        xd.init()
+        train(xr.global_ordinal(), out)
+    elif mode == "spawn":
+        xd.spawn(train, args=(out,), nprocs=2)
+    elif mode == "die":
+        try:
+            xd.spawn(die, args=(out,), nprocs=2)
+        except Exception as e:
+            print(json.dumps({"spawn_error": str(e)}))
