@@ -3,8 +3,9 @@
 Ordinary PyTorch on ``lazyxla.device()`` records pending IR; ``lazyxla.sync()`` or a value
 read turns it into one XLA program, found in a compilation cache by its graph hash or
 compiled and cached, then run. This module is the public API and the one place where the
-parts are wired together: PyTorch's kernels for the device and the autocast policy are
-registered, and the diagnostics subscribe to the executor's events. It holds no state.
+parts are wired together: PyTorch's kernels for the device, the autocast policy and the
+``torch.distributed`` backend are registered, and the diagnostics subscribe to the
+executor's events. It holds no state.
 """
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ from .device import device
 from .execution import ExecutionError
 from .errors import LazyXlaError
 from .tensor import LazyTensor
+from .distributed import c10d as _c10d
 
 _kernels.register()
+_c10d.register()
 _autocast.register()
 debug.install()
 

@@ -1,6 +1,7 @@
 """A data-parallel job for tests/test_multiprocess.py, launched as
 ``python mp_job.py spawn OUT`` (lazyxla.distributed.spawn, 2 processes), under
-``torchrun --nproc_per_node=2 mp_job.py torchrun OUT``, or ``python mp_job.py die OUT``
+``torchrun --nproc_per_node=2 mp_job.py torchrun OUT`` (then also torch.distributed and DDP,
+written to ``OUT.ddp.<rank>.json``), or ``python mp_job.py die OUT``
 (process 1 dies mid-training). Each process writes ``OUT.<rank>.json``."""
 from __future__ import annotations
 
@@ -69,6 +70,47 @@ def train(index, out):
         json.dump(res, f)
 
 
+def train_ddp(out):
+    """torch.distributed on lazy tensors: the collectives, and DistributedDataParallel."""
+    import torch.distributed as dist
+    dist.init_process_group("lazyxla")
+    D = lazyxla.device()
+    n, r = dist.get_world_size(), dist.get_rank()
+    t = torch.tensor([float(r + 1)] * 2).to(D)
+    res = {}
+    a = t.clone()
+    dist.all_reduce(a)
+    b = t.clone()
+    dist.all_reduce(b, op=dist.ReduceOp.AVG)
+    c = t.clone()
+    dist.broadcast(c, 1)
+    outs = [torch.zeros(2).to(D) for _ in range(n)]
+    dist.all_gather(outs, t)
+    g = torch.zeros(2 * n).to(D)
+    dist.all_gather_into_tensor(g, t)
+    rs = torch.zeros(1).to(D)
+    dist.reduce_scatter_tensor(rs, t)
+    dist.barrier()
+    res["dist"] = {"sum": a.cpu().tolist(), "avg": b.cpu().tolist(), "broadcast": c.cpu().tolist(),
+                   "gather": [o.cpu().tolist() for o in outs], "gather_into": g.cpu().tolist(),
+                   "reduce_scatter": rs.cpu().tolist()}
+    m = torch.nn.parallel.DistributedDataParallel(model().to(D))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    compiles, executions = [], []
+    for i in range(5):
+        x, y = data(i)
+        opt.zero_grad()
+        F.cross_entropy(m(x.chunk(n)[r].to(D)), y.chunk(n)[r].to(D)).backward()
+        opt.step()
+        lazyxla.sync()
+        compiles.append(met.counter_value("UncachedCompile"))
+        executions.append(met.counter_value("ExecuteComputation"))
+    res["ddp"] = {"params": [p.cpu().tolist() for p in m.module.parameters()], "compiles": compiles,
+                  "executions": executions}
+    with open(f"{out}.ddp.{r}.json", "w") as f:
+        json.dump(res, f)
+
+
 def die(index, out):
     D = lazyxla.device()
     t = torch.ones(4).to(D)
@@ -91,6 +133,7 @@ if __name__ == "__main__":
     if mode == "torchrun":
         xd.init()
         train(xr.global_ordinal(), out)
+        train_ddp(out)
     elif mode == "spawn":
         xd.spawn(train, args=(out,), nprocs=2)
     elif mode == "die":

@@ -65,11 +65,24 @@ def test_collectives_give_every_process_the_same_numbers(spawned):
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not on PATH")
-def test_torchrun_launches_the_same_job(tmp_path):
+def test_torchrun_launches_the_same_job_and_torch_distributed_and_ddp_work_on_lazy_tensors(tmp_path):
     out = str(tmp_path / "out")
     r, results = _launch(["torchrun", "--standalone", "--nproc_per_node=2", "mp_job.py", "torchrun", out], out)
     assert r.returncode == 0 and all(results), r.stderr[-4000:]
     _check_data_parallel(results)
+    ddp = [json.load(open(f"{out}.ddp.{rank}.json")) for rank in range(2)]
+    for res in ddp:  # torch.distributed's collectives on lazy tensors (process r holds [r + 1] * 2)
+        assert res["dist"] == {"sum": [3.0, 3.0], "avg": [1.5, 1.5], "broadcast": [2.0, 2.0],
+                               "gather": [[1.0, 1.0], [2.0, 2.0]], "gather_into": [1.0, 1.0, 2.0, 2.0],
+                               "reduce_scatter": [3.0]}
+    ref = mp_job.reference()
+    for res in ddp:  # DistributedDataParallel: like one process on the whole batch
+        d = res["ddp"]
+        err = max((torch.tensor(a) - torch.tensor(b)).abs().max().item() for a, b in zip(d["params"], ref))
+        assert err < 1e-5, err
+        # DDP rebuilds its buckets after its first step; then one program per step, compiled once
+        assert d["compiles"][-1] == d["compiles"][2], d["compiles"]
+        assert [b - a for a, b in zip(d["executions"][2:], d["executions"][3:])] == [1, 1]
 
 
 def test_a_lost_process_stops_the_others_with_an_error_naming_it(tmp_path):

@@ -16,7 +16,7 @@ import torch
 
 from ..errors import LazyXlaError
 from ..ir import Node, OpSig, Slot, TensorMeta, fmt_where, user_frame
-from ..lowering import lower_all_gather, lower_all_reduce, lower_reduce_scatter
+from ..lowering import lower_all_gather, lower_all_reduce, lower_broadcast, lower_reduce_scatter
 from ..storage import fresh
 from ..tensor import LazyTensor
 from . import world
@@ -112,6 +112,17 @@ def reduce_scatter(reduce_type, input, scale, scatter_dim, shard_count, groups=N
             output.copy_(out)
         return output
     return out
+
+
+def broadcast(t, root: int = 0):
+    """Process ``root``'s ``t``, in every process."""
+    where = user_frame(2)
+    _check("broadcast", t, where)
+    n = world.world_size()
+    if not 0 <= root < n:
+        raise LazyXlaError(f"lazyxla.distributed.broadcast: root {root} is not a rank of the {n} processes at "
+                           f"{fmt_where(where)}")
+    return _record("xla::broadcast", lower_broadcast, t, t.shape, (("root", int(root)), ("world", n)), where)
 
 
 def reduce_gradients(optimizer, groups=None, pin_layout=True):

@@ -1,6 +1,6 @@
 """Lowerings of the cross-process collectives (``xla::all_reduce``, ``xla::all_gather``,
-``xla::reduce_scatter``): JAX's ``psum``/``pmax``/``pmin``, ``all_gather`` and
-``psum_scatter`` over the process axis ``PROCESS_AXIS``, which the compiler binds when the
+``xla::reduce_scatter``, ``xla::broadcast``): JAX's ``psum``/``pmax``/``pmin``, ``all_gather``,
+``psum_scatter`` and a masked ``psum`` over the process axis ``PROCESS_AXIS``, which the compiler binds when the
 process has joined a job of several (``xla.process_mesh``). In a job of one process they are
 what the collective amounts to there (a scaled copy, or the value itself).
 May touch: nothing."""
@@ -28,3 +28,10 @@ def lower_reduce_scatter(sig, x, reduce_type="sum", scale=1.0, dim=0, world=1):
     if world > 1:
         x = jax.lax.psum_scatter(x, PROCESS_AXIS, scatter_dimension=dim, tiled=True)
     return x * scale if scale != 1.0 else x
+
+
+def lower_broadcast(sig, x, root=0, world=1):
+    if world == 1:
+        return x
+    mine = jax.lax.axis_index(PROCESS_AXIS) == root
+    return jax.lax.psum(jax.numpy.where(mine, x, jax.numpy.zeros_like(x)), PROCESS_AXIS)

@@ -1,0 +1,144 @@
+"""``torch.distributed`` on lazy tensors: the process-group backend ``"lazyxla"`` and the
+c10d collectives recorded in the lazy graph.
+
+``torch.distributed.init_process_group("lazyxla")`` joins the job (``world.init``, from
+torchrun's environment) and gives PyTorch a gloo group for what it does on the CPU (``barrier``,
+its own bookkeeping). A collective called on lazy tensors (``dist.all_reduce``, ``all_gather``,
+``all_gather_into_tensor``, ``broadcast``, ``reduce_scatter``, ``reduce_scatter_tensor``, and
+DistributedDataParallel's gradient buckets) reaches lazyxla as a ``c10d::`` op: it is recorded
+as the matching ``collectives`` node and written into the tensors PyTorch gave, and PyTorch
+gets a finished ``Work`` (the values come with the step's program). Only a group of every
+process is supported.
+
+``register()`` (called by ``import lazyxla``) adds the handlers to ``ops.SPECIAL`` and the
+backend to ``torch.distributed``. May touch: those two registries, the tensors given.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import LazyXlaError
+from ..ir import fmt_where, user_frame
+from . import collectives as coll
+from . import world
+
+# c10d's RedOpType numbers (torch.distributed.ReduceOp)
+_SUM, _AVG, _PRODUCT, _MIN, _MAX = 0, 1, 2, 3, 4
+
+
+def _group_size(pg_obj, what):
+    pg = torch.distributed.ProcessGroup.unbox(pg_obj)
+    n = world.world_size()
+    if pg.size() != n:
+        raise LazyXlaError(f"lazyxla: torch.distributed.{what} on lazy tensors over a group of {pg.size()} "
+                           f"processes: only a group of every process ({n}) is supported "
+                           f"(at {fmt_where(user_frame(3))})")
+    return n
+
+
+def _reduction(op_obj, what, n):
+    """(lazyxla reduce type, scale) of a c10d ReduceOp."""
+    op = op_obj._get_method("op")()
+    if op == _SUM:
+        return coll.REDUCE_SUM, 1.0
+    if op == _AVG:
+        return coll.REDUCE_SUM, 1.0 / n
+    if op == _MAX:
+        return coll.REDUCE_MAX, 1.0
+    if op == _MIN:
+        return coll.REDUCE_MIN, 1.0
+    raise LazyXlaError(f"lazyxla: torch.distributed.{what} with ReduceOp {op} on lazy tensors is not supported "
+                       f"(SUM, AVG, MAX, MIN) (at {fmt_where(user_frame(3))})")
+
+
+def _done(value):
+    fut = torch.futures.Future()
+    fut.set_result(value)
+    return torch._C._distributed_c10d._create_work_from_future(fut).boxed()  # as the op schema returns it
+
+
+def _write(dst, value):
+    with torch.no_grad():
+        dst.copy_(value)
+
+
+def _allreduce(func, info, args, kwargs):
+    tensors, pg, op = args[0], args[1], args[2]
+    n = _group_size(pg, "all_reduce")
+    kind, scale = _reduction(op, "all_reduce", n)
+    for t in tensors:
+        _write(t, coll.all_reduce(kind, t, scale=scale))
+    return tensors, _done(tensors)
+
+
+def _broadcast(func, info, args, kwargs):
+    tensors, pg, root = args[0], args[1], args[2]
+    _group_size(pg, "broadcast")
+    for t in tensors:
+        _write(t, coll.broadcast(t, root))
+    return tensors, _done(tensors)
+
+
+def _allgather(func, info, args, kwargs):
+    outputs, inputs, pg = args[0], args[1], args[2]
+    _group_size(pg, "all_gather")
+    for outs, t in zip(outputs, inputs):
+        gathered = coll.all_gather(t.reshape((1,) + tuple(t.shape)), dim=0)
+        for r, o in enumerate(outs):
+            _write(o, gathered[r])
+    return outputs, _done(outputs)
+
+
+def _allgather_base(func, info, args, kwargs):
+    out, inp, pg = args[0], args[1], args[2]
+    _group_size(pg, "all_gather_into_tensor")
+    _write(out, coll.all_gather(inp, dim=0).reshape(out.shape))
+    return out, _done(out)
+
+
+def _reduce_scatter(func, info, args, kwargs):
+    outputs, inputs, pg, op = args[0], args[1], args[2], args[3]
+    n = _group_size(pg, "reduce_scatter")
+    kind, scale = _reduction(op, "reduce_scatter", n)
+    if kind != coll.REDUCE_SUM:
+        raise LazyXlaError("lazyxla: torch.distributed.reduce_scatter on lazy tensors supports SUM and AVG")
+    for o, parts in zip(outputs, inputs):
+        _write(o, coll.reduce_scatter(kind, torch.stack(list(parts)), scale, 0, n)[0])
+    return outputs, _done(outputs)
+
+
+def _reduce_scatter_base(func, info, args, kwargs):
+    out, inp, pg, op = args[0], args[1], args[2], args[3]
+    n = _group_size(pg, "reduce_scatter_tensor")
+    kind, scale = _reduction(op, "reduce_scatter_tensor", n)
+    if kind != coll.REDUCE_SUM:
+        raise LazyXlaError("lazyxla: torch.distributed.reduce_scatter_tensor on lazy tensors supports SUM and AVG")
+    _write(out, coll.reduce_scatter(kind, inp, scale, 0, n).reshape(out.shape))
+    return out, _done(out)
+
+
+def _create_backend(store, rank, size, timeout):
+    if world.world_size() == 1 and size > 1:
+        world.init(rank=rank, world_size=size)
+    if world.world_size() != size or world.global_ordinal() != rank:
+        raise LazyXlaError(f"lazyxla: init_process_group as rank {rank} of {size}, but this process joined the "
+                           f"job as rank {world.global_ordinal()} of {world.world_size()}")
+    return torch.distributed.ProcessGroupGloo(store, rank, size, timeout)
+
+
+def register():
+    if not torch.distributed.is_available():
+        return
+    from ..ops import SPECIAL
+    c10d = torch.ops.c10d
+    SPECIAL.update({
+        c10d.allreduce_.default: _allreduce,
+        c10d.broadcast_.default: _broadcast,
+        c10d.allgather_.default: _allgather,
+        c10d._allgather_base_.default: _allgather_base,
+        c10d.reduce_scatter_.default: _reduce_scatter,
+        c10d._reduce_scatter_base_.default: _reduce_scatter_base,
+    })
+    dist = torch.distributed
+    if "lazyxla" not in dist.Backend.backend_list:
+        dist.Backend.register_backend("lazyxla", _create_backend, devices=["cpu", "lazyxla"])
