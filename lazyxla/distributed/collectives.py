@@ -16,7 +16,8 @@ import torch
 
 from ..errors import LazyXlaError
 from ..ir import Node, OpSig, Slot, TensorMeta, fmt_where, user_frame
-from ..lowering import lower_all_gather, lower_all_reduce, lower_broadcast, lower_reduce_scatter
+from ..lowering import (lower_all_gather, lower_all_reduce, lower_all_reduce_many, lower_broadcast,
+                        lower_reduce_scatter)
 from ..storage import fresh
 from ..tensor import LazyTensor
 from . import world
@@ -60,11 +61,22 @@ def all_reduce(reduce_type, inputs, scale=1.0, groups=None, pin_layout=True):
     if isinstance(inputs, torch.Tensor):
         _check("all_reduce", inputs, where)
         return _record("xla::all_reduce", lower_all_reduce, inputs, inputs.shape, kwargs, where)
+    inputs = list(inputs)
     for t in inputs:
         _check("all_reduce", t, where)
-    for t in inputs:
-        with torch.no_grad():
-            t.copy_(_record("xla::all_reduce", lower_all_reduce, t, t.shape, kwargs, where))
+    if not inputs:
+        return inputs
+    # one node for the list: its tensors cross the processes as one message per dtype
+    metas = tuple(TensorMeta(tuple(t.shape), t.dtype) for t in inputs)
+    k = ("xla::all_reduce", metas, kwargs)
+    sig = _SIGS.get(k)
+    if sig is None:
+        sig = _SIGS[k] = OpSig("xla::all_reduce", None, lower_all_reduce_many,
+                               (tuple(Slot(i) for i in range(len(inputs))), kwargs), metas)
+    node = Node(sig, tuple(t._state.value() for t in inputs), where)
+    with torch.no_grad():
+        for i, (t, m) in enumerate(zip(inputs, metas)):
+            t.copy_(LazyTensor(fresh((node, i), m)))
     return inputs
 
 

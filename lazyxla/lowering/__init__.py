@@ -46,8 +46,8 @@ from __future__ import annotations
 from .registry import (DECOMPOSITIONS, LOWERINGS, RANDOM, SHAPE_RULES, STATIC_ARGS, ZERO_D_AS_VECTOR,  # noqa: F401
                        functional_of, get, is_random, register, shape_rule)
 from .program import build_program, lower_call, lower_convert, lower_node, lower_sharding, lower_view_scatter  # noqa: F401
-from .collective import (PROCESS_AXIS, lower_all_gather, lower_all_reduce, lower_broadcast,  # noqa: F401
-                         lower_reduce_scatter)
+from .collective import (PROCESS_AXIS, lower_all_gather, lower_all_reduce, lower_all_reduce_many,  # noqa: F401
+                         lower_broadcast, lower_reduce_scatter)
 from . import elementwise, reduce, matmul, shape, indexing, factory, random  # noqa: F401
 from . import conv, pooling, resample, softmax, loss, layer_norm, embedding, activation  # noqa: F401
 from . import distance, fft, linalg  # noqa: F401

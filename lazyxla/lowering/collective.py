@@ -35,3 +35,25 @@ def lower_broadcast(sig, x, root=0, world=1):
         return x
     mine = jax.lax.axis_index(PROCESS_AXIS) == root
     return jax.lax.psum(jax.numpy.where(mine, x, jax.numpy.zeros_like(x)), PROCESS_AXIS)
+
+
+def lower_all_reduce_many(sig, *xs, reduce_type="sum", scale=1.0, world=1):
+    """Several tensors reduced as one collective: those of one dtype are flattened into one
+    buffer, so the processes exchange one message per dtype, not one per tensor."""
+    if world == 1:
+        return tuple(x * scale if scale != 1.0 else x for x in xs)
+    out = list(xs)
+    by_dtype: dict = {}
+    for i, x in enumerate(xs):
+        by_dtype.setdefault(jax.numpy.dtype(x.dtype), []).append(i)
+    for idx in by_dtype.values():
+        flat = jax.numpy.concatenate([jax.numpy.ravel(xs[i]) for i in idx])
+        flat = _REDUCERS[reduce_type](flat, PROCESS_AXIS)
+        if scale != 1.0:
+            flat = flat * scale
+        start = 0
+        for i in idx:
+            n = xs[i].size
+            out[i] = flat[start:start + n].reshape(xs[i].shape)
+            start += n
+    return tuple(out)
