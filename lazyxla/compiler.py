@@ -43,7 +43,7 @@ def _function(graph, name):
     fn.__name__ = name
     args = specs(graph)
     mesh = process_mesh()
-    if mesh is None:
+    if mesh is None or spmd():  # under SPMD a program spans the processes' devices by its shardings
         return fn, args
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     fn = jax.shard_map(fn, mesh=mesh, in_specs=tuple(jax.sharding.PartitionSpec() for _ in args),
@@ -81,7 +81,7 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
             compiled = jax.jit(fn, donate_argnums=donors).lower(*args).compile()
     except Exception as e:
         raise ExecutionError(describe_failure("compile", key_hex, graph, e)) from e
-    if process_mesh() is not None:
+    if process_mesh() is not None and not spmd():
         compiled = ProcessProgram(compiled, process_mesh())
     dt = metrics.now_ns() - t0
     metrics.metric_add("CompileTime", dt, "time")

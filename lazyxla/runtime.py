@@ -29,9 +29,6 @@ def use_spmd(auto: bool = False) -> None:
     """Turn SPMD on, before any tensor is on the device (as torch_xla asks). ``auto=True`` sets
     the auto-sharding flag: the graph hash folds it with ``XLA_AUTO_SPMD_MESH`` and donation is
     off (R3.6, R9.2), but JAX 0.10 has no working auto-partitioner, so the first compile raises."""
-    if xla.process_mesh() is not None:
-        raise LazyXlaError("lazyxla: use_spmd() in a job of several processes is not supported yet: SPMD "
-                           "meshes span one process's devices")
     if xla.spmd():
         xla.set_spmd(True, auto or xla.auto_sharding())
         return

@@ -123,6 +123,13 @@ def upload(host: torch.Tensor):
 
 
 def _upload(host):
+    arr = host_array(host)
+    metrics.metric_add("InboundData", arr.nbytes, "bytes")
+    return jax.device_put(arr, placement())
+
+
+def host_array(host: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's value as a new numpy array (JAX's dtype for it)."""
     host = host.detach()
     if host.device.type != "cpu":
         host = host.cpu()
@@ -136,8 +143,7 @@ def _upload(host):
         arr = host.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
     else:
         arr = host.numpy().copy()
-    metrics.metric_add("InboundData", arr.nbytes, "bytes")
-    return jax.device_put(arr, placement())
+    return arr
 
 
 def download(arrays, dtypes) -> list:
@@ -147,6 +153,12 @@ def download(arrays, dtypes) -> list:
 
 
 def _download(a, dt):
+    if not getattr(a, "is_fully_addressable", True):  # SPMD over several processes
+        if a.is_fully_replicated:
+            a = a.addressable_data(0)  # every process holds all of it
+        else:  # the other processes' blocks: a collective, which every process must join
+            from jax.experimental import multihost_utils
+            a = multihost_utils.process_allgather(a, tiled=True)
     npa = np.asarray(a)
     if dt == torch.bfloat16:
         t = torch.from_numpy(npa.view(np.int16).copy()).view(torch.bfloat16)

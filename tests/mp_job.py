@@ -2,7 +2,8 @@
 ``python mp_job.py spawn OUT`` (lazyxla.distributed.spawn, 2 processes), under
 ``torchrun --nproc_per_node=2 mp_job.py torchrun OUT`` (then also torch.distributed and DDP,
 written to ``OUT.ddp.<rank>.json``), or ``python mp_job.py die OUT``
-(process 1 dies mid-training). Each process writes ``OUT.<rank>.json``."""
+(process 1 dies mid-training), or ``python mp_job.py spmd OUT`` (SPMD over 2 processes x 2
+devices). Each process writes ``OUT.<rank>.json``."""
 from __future__ import annotations
 
 import json
@@ -111,6 +112,40 @@ def train_ddp(out):
         json.dump(res, f)
 
 
+def train_spmd(index, out):
+    """SPMD across the processes: one mesh over every process's devices, each process feeding its
+    part of the batch (xs.global_tensor), the weights sharded FSDP-style."""
+    import numpy as np
+    import lazyxla.distributed.spmd as xs
+    xr.use_spmd()
+    n, r = xr.world_size(), xr.global_ordinal()
+    ndev = xr.global_runtime_device_count()
+    mesh = xs.Mesh(np.arange(ndev), (ndev,), ("data",))
+    m = model().to(lazyxla.device())
+    for p in m.parameters():
+        if p.shape[0] % ndev == 0:
+            xs.mark_sharding(p, mesh, ("data",) + (None,) * (p.dim() - 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    compiles, hashes, losses = [], [], []
+    for i in range(5):
+        x, y = data(i)
+        lx = xs.global_tensor(x.chunk(n)[r], mesh, ("data", None))
+        ly = xs.global_tensor(y.chunk(n)[r], mesh, ("data",))
+        opt.zero_grad()
+        loss = F.cross_entropy(m(lx), ly)
+        loss.backward()
+        opt.step()
+        hashes.append(lazyxla.graph_hash(list(m.parameters())))
+        lazyxla.sync()
+        losses.append(loss.item())
+        compiles.append(met.counter_value("UncachedCompile"))
+    res = {"rank": r, "world": n, "devices": ndev, "compiles": compiles, "hashes": hashes, "losses": losses,
+           "params": [p.cpu().tolist() for p in m.parameters()], "batch_shape": list(lx.shape),
+           "specs": [xs.get_sharding_spec(p) for p in m.parameters()]}
+    with open(f"{out}.{r}.json", "w") as f:
+        json.dump(res, f)
+
+
 def die(index, out):
     D = lazyxla.device()
     t = torch.ones(4).to(D)
@@ -136,6 +171,9 @@ if __name__ == "__main__":
         train_ddp(out)
     elif mode == "spawn":
         xd.spawn(train, args=(out,), nprocs=2)
+    elif mode == "spmd":
+        os.environ["CPU_NUM_DEVICES"] = "2"  # 2 processes x 2 devices: one mesh of 4
+        xd.spawn(train_spmd, args=(out,), nprocs=2)
     elif mode == "die":
         try:
             xd.spawn(die, args=(out,), nprocs=2)

@@ -85,6 +85,17 @@ def test_torchrun_launches_the_same_job_and_torch_distributed_and_ddp_work_on_la
         assert [b - a for a, b in zip(d["executions"][2:], d["executions"][3:])] == [1, 1]
 
 
+def test_spmd_spans_the_processes_devices_each_feeding_its_part_of_the_batch(tmp_path):
+    out = str(tmp_path / "out")
+    r, results = _launch([sys.executable, "mp_job.py", "spmd", out], out)
+    assert r.returncode == 0 and all(results), r.stderr[-4000:]
+    _check_data_parallel(results)
+    for res in results:
+        assert res["devices"] == 4 and res["batch_shape"] == [16, 12]  # each process gave 8 of the 16 rows
+        assert res["specs"][0] == "{devices=[4,1]<=[4]}"  # the first weight's rows over all 4 devices
+    assert results[0]["losses"] == results[1]["losses"]
+
+
 def test_a_lost_process_stops_the_others_with_an_error_naming_it(tmp_path):
     out = str(tmp_path / "out")
     env_before = os.environ.get("LAZYXLA_HEARTBEAT_TIMEOUT")

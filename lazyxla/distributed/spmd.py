@@ -25,11 +25,13 @@ from ..errors import LazyXlaError
 from ..execution import resolve
 from ..ir import fmt_where, user_frame
 from ..jax_internals import hlo_sharding_text
-from ..storage import SHARDING_OP, constrained
+from ..ir import TensorMeta
+from ..storage import SHARDING_OP, Storage, TensorState, constrained
+from ..tensor import LazyTensor
 from .. import xla
 
 __all__ = ["Mesh", "get_1d_mesh", "set_global_mesh", "get_global_mesh", "mark_sharding", "clear_sharding",
-           "get_sharding_spec"]
+           "get_sharding_spec", "global_tensor"]
 
 _GLOBAL_MESH = None
 
@@ -75,8 +77,9 @@ class Mesh:
     def __repr__(self):
         return f"Mesh(shape={self.mesh_shape}, axis_names={self.axis_names})"
 
-    def sharding(self, spec, shape, where=None) -> NamedSharding:
-        """The jax sharding of ``spec`` for a tensor of ``shape``; a clear error when it cannot be."""
+    def sharding(self, spec, shape, where=None, check_split=True) -> NamedSharding:
+        """The jax sharding of ``spec`` for a tensor of ``shape``; a clear error when it cannot be
+        (``check_split=False``: the split dimensions' sizes are not checked)."""
         def bad(why):
             return LazyXlaError(f"lazyxla: mark_sharding: tensor of shape {list(shape)}, {self!r}, partition spec "
                                 f"{tuple(spec)}: {why} at {fmt_where(where)}")
@@ -98,7 +101,7 @@ class Mesh:
                 else:
                     raise bad(f"{a!r} is not an axis of the mesh (axes {self.axis_names or tuple(range(len(names)))})")
             parts = math.prod(self.mesh_shape[names.index(a)] for a in got)
-            if shape[d] % parts:
+            if check_split and shape[d] % parts:
                 raise bad(f"dimension {d} of size {shape[d]} does not split into {parts} equal parts")
             entries.append(tuple(got) if len(got) > 1 else got[0])
         used = [a for e in entries if e is not None for a in (e if isinstance(e, tuple) else (e,))]
@@ -150,6 +153,28 @@ def mark_sharding(t, mesh: Mesh, partition_spec):
         st.ir[0].where = where
     st.sharding = ns
     return t
+
+
+def global_tensor(local, mesh: Mesh, partition_spec):
+    """The tensor, laid out over ``mesh`` as ``partition_spec``, whose blocks on this process's
+    devices hold ``local`` (a CPU tensor: this process's part of it, such as its part of a
+    batch). With several processes each passes its own part, in rank order along the split
+    dimensions; in one process it is ``local`` itself, annotated."""
+    _need_spmd("global_tensor")
+    where = user_frame(2)
+    spec = tuple(partition_spec)
+    ns = mesh.sharding(spec, tuple(local.shape), where, check_split=False)
+    try:
+        array = jax.make_array_from_process_local_data(ns, xla.host_array(local))
+    except ValueError as e:
+        raise LazyXlaError(f"lazyxla: global_tensor: this process's part of shape {list(local.shape)}, {mesh!r}, "
+                           f"partition spec {spec}: {e} at {fmt_where(where)}") from None
+    mesh.sharding(spec, tuple(array.shape), where)  # the whole tensor must split as asked
+    meta = TensorMeta(tuple(array.shape), local.dtype)
+    state = TensorState(Storage.of_data(array, meta), meta)
+    state.storage.sharding = ns
+    state.storage.ir[0].where = where
+    return LazyTensor(state)
 
 
 def clear_sharding(t):
