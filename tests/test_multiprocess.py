@@ -150,3 +150,13 @@ def test_a_missing_launch_environment_is_a_clear_error(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     with pytest.raises(LazyXlaError, match="RANK is not set; launch with torchrun"):
         init()
+
+
+def test_init_after_tensors_are_on_the_device_is_a_clear_error():
+    import lazyxla
+    from lazyxla import LazyXlaError
+    from lazyxla.distributed import init
+    from lazyxla.distributed.world import free_port
+    (torch.ones(2, device=lazyxla.device()) + 1).cpu()  # JAX's runtime starts for this process alone
+    with pytest.raises(LazyXlaError, match="call it before any tensor is on the device"):
+        init(rank=1, world_size=2, master_addr="127.0.0.1", master_port=free_port())

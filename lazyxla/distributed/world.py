@@ -88,6 +88,9 @@ def init(rank=None, world_size=None, master_addr=None, master_port=None, local_r
     beat = heartbeat_timeout or int(os.environ.get("LAZYXLA_HEARTBEAT_TIMEOUT") or 30)
     if rank == 0:
         _check_port_free(addr, port)
+    if _backend_started():
+        raise LazyXlaError("lazyxla.distributed.init: call it before any tensor is on the device (JAX's runtime "
+                           "already started for this process alone)")
     try:
         jax.distributed.initialize(coordinator_address=f"{addr}:{port}", num_processes=world, process_id=rank,
                                    initialization_timeout=int(timeout), heartbeat_timeout_seconds=int(beat))
@@ -106,6 +109,14 @@ def init(rank=None, world_size=None, master_addr=None, master_port=None, local_r
     execution.explain_failure = _lost_processes
     from ..cache import computation_cache
     computation_cache().clear()
+
+
+def _backend_started() -> bool:
+    try:
+        from jax._src import xla_bridge
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):  # JAX moved it: initialize() says so itself
+        return False
 
 
 def _agree_on_world(rank, world, timeout):
