@@ -1,7 +1,7 @@
 """A data-parallel job for tests/test_multiprocess.py, launched as
 ``python mp_job.py spawn OUT`` (lazyxla.distributed.spawn, 2 processes), under
 ``torchrun --nproc_per_node=2 mp_job.py torchrun OUT`` (then also torch.distributed and DDP,
-written to ``OUT.ddp.<rank>.json``), or ``python mp_job.py die OUT``
+written to ``OUT.ddp.<rank>.json``), ``... mp_job.py ranks OUT`` (ranks and one all-reduce), or ``python mp_job.py die OUT``
 (process 1 dies mid-training), or ``python mp_job.py spmd OUT`` (SPMD over 2 processes x 2
 devices). Each process writes ``OUT.<rank>.json``."""
 from __future__ import annotations
@@ -169,6 +169,12 @@ if __name__ == "__main__":
         xd.init()
         train(xr.global_ordinal(), out)
         train_ddp(out)
+    elif mode == "ranks":  # who is who, and one all-reduce
+        xd.init()
+        t = torch.tensor([float(xr.global_ordinal() + 1)]).to(lazyxla.device())
+        with open(f"{out}.{xr.global_ordinal()}.json", "w") as f:
+            json.dump({"rank": xr.global_ordinal(), "world": xr.world_size(), "local": xr.local_ordinal(),
+                       "sum": xd.all_reduce(xd.REDUCE_SUM, t).cpu().item()}, f)
     elif mode == "spawn":
         xd.spawn(train, args=(out,), nprocs=2)
     elif mode == "spmd":

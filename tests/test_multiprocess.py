@@ -85,6 +85,16 @@ def test_torchrun_launches_the_same_job_and_torch_distributed_and_ddp_work_on_la
         assert [b - a for a, b in zip(d["executions"][2:], d["executions"][3:])] == [1, 1]
 
 
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not on PATH")
+def test_torchruns_multi_node_form_with_a_rendezvous_endpoint(tmp_path):
+    from lazyxla.distributed.world import free_port
+    out = str(tmp_path / "out")
+    r, results = _launch(["torchrun", "--nnodes=1", "--node_rank=0", "--nproc_per_node=2", "--rdzv_backend=c10d",
+                          f"--rdzv_endpoint=127.0.0.1:{free_port()}", "mp_job.py", "ranks", out], out)
+    assert r.returncode == 0 and all(results), r.stderr[-4000:]
+    assert [(x["rank"], x["world"], x["local"], x["sum"]) for x in results] == [(0, 2, 0, 3.0), (1, 2, 1, 3.0)]
+
+
 def test_spmd_spans_the_processes_devices_each_feeding_its_part_of_the_batch(tmp_path):
     out = str(tmp_path / "out")
     r, results = _launch([sys.executable, "mp_job.py", "spmd", out], out)
