@@ -50,14 +50,19 @@ def bench_compiled_model(n):
     return time_loop(step, n, lazyxla.wait_device_ops)
 
 
-def bench_compiled_step(n):
-    lazyxla, (model, opt, x, y) = _lazy_setup()
-
+def _compiled_step(model, opt):
+    """The whole step, compiled: (b), or (c) under ``trace_autograd_ops``."""
     @torch.compile(backend="lazyxla")
     def step_fn(x, y):
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
+    return step_fn
+
+
+def bench_compiled_step(n):
+    lazyxla, (model, opt, x, y) = _lazy_setup()
+    step_fn = _compiled_step(model, opt)
 
     def step():
         step_fn(x, y)
@@ -95,12 +100,7 @@ def host_breakdown(n=200):
     with torch._dynamo.config.patch(trace_autograd_ops=True):
         torch._dynamo.reset()
         _, (model, opt, x, y) = _lazy_setup()
-
-        @torch.compile(backend="lazyxla")
-        def step_fn(x, y):
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
+        step_fn = _compiled_step(model, opt)
         for _ in range(5):
             step_fn(x, y)
             lazyxla.sync()

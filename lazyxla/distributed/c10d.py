@@ -96,24 +96,29 @@ def _allgather_base(func, info, args, kwargs):
     return out, _done(out)
 
 
+def _sum_scale(op, what, n):
+    """The scale of a SUM or AVG reduction (the only ones a reduce-scatter takes here)."""
+    kind, scale = _reduction(op, what, n)
+    if kind != coll.REDUCE_SUM:
+        raise LazyXlaError(f"lazyxla: torch.distributed.{what} on lazy tensors supports SUM and AVG "
+                           f"(at {fmt_where(user_frame(3))})")
+    return scale
+
+
 def _reduce_scatter(func, info, args, kwargs):
     outputs, inputs, pg, op = args[0], args[1], args[2], args[3]
     n = _group_size(pg, "reduce_scatter")
-    kind, scale = _reduction(op, "reduce_scatter", n)
-    if kind != coll.REDUCE_SUM:
-        raise LazyXlaError("lazyxla: torch.distributed.reduce_scatter on lazy tensors supports SUM and AVG")
+    scale = _sum_scale(op, "reduce_scatter", n)
     for o, parts in zip(outputs, inputs):
-        _write(o, coll.reduce_scatter(kind, torch.stack(list(parts)), scale, 0, n)[0])
+        _write(o, coll.reduce_scatter(coll.REDUCE_SUM, torch.stack(list(parts)), scale, 0, n)[0])
     return outputs, _done(outputs)
 
 
 def _reduce_scatter_base(func, info, args, kwargs):
     out, inp, pg, op = args[0], args[1], args[2], args[3]
     n = _group_size(pg, "reduce_scatter_tensor")
-    kind, scale = _reduction(op, "reduce_scatter_tensor", n)
-    if kind != coll.REDUCE_SUM:
-        raise LazyXlaError("lazyxla: torch.distributed.reduce_scatter_tensor on lazy tensors supports SUM and AVG")
-    _write(out, coll.reduce_scatter(kind, inp, scale, 0, n).reshape(out.shape))
+    scale = _sum_scale(op, "reduce_scatter_tensor", n)
+    _write(out, coll.reduce_scatter(coll.REDUCE_SUM, inp, scale, 0, n).reshape(out.shape))
     return out, _done(out)
 
 
