@@ -1,12 +1,15 @@
 """Every use of JAX's private internals, in one place.
 
-lazyxla needs three things JAX has no public API for:
+lazyxla needs four things JAX has no public API for:
 
 1. parameter wrapping (R11): making ``jax.jit`` tuple a program's parameters, which JAX
    decides in ``jax._src.dispatch.should_tuple_args`` (``tupled_parameters``);
 2. a loaded executable turned back into a ``jax.stages.Compiled`` (JAX's fast C++ call path
    and its argument checks) for the persistent cache (``compiled_from_executable``), with
    the output shardings of a sharded one (``out_shardings_of``);
+4. in a job of several processes, JAX's coordination client (``distributed_client``: its
+   key-value store, which processes are alive) and whether JAX's runtime already started
+   (``backend_started``);
 3. what a ``Compiled`` keeps of its arguments and closed-over constants, to store it
    (``kept_arguments``, ``has_constant_arguments``).
 
@@ -142,3 +145,24 @@ def compiled_from_executable(executable, devices, name, arg_specs, out_specs, ke
         return stages.Compiled(unloaded.load(), [], args_info, out_tree, no_kwargs=True)
     except (ImportError, AttributeError, TypeError) as e:
         raise _changed("building a jax.stages.Compiled from a loaded executable", e) from None
+
+
+def distributed_client():
+    """JAX's coordination-service client of this process's job (after jax.distributed.initialize)."""
+    try:
+        from jax._src import distributed
+        client = distributed.global_state.client
+    except (ImportError, AttributeError) as e:
+        raise _changed("jax._src.distributed.global_state.client", e) from None
+    if client is None:
+        raise _changed("jax._src.distributed.global_state.client", ValueError("no client after initialize"))
+    return client
+
+
+def backend_started() -> bool:
+    """Whether JAX's runtime has started in this process (jax.distributed must come first)."""
+    try:
+        from jax._src import xla_bridge
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):  # JAX moved it: jax.distributed.initialize says so itself
+        return False

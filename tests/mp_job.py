@@ -91,10 +91,12 @@ def train_ddp(out):
     dist.all_gather_into_tensor(g, t)
     rs = torch.zeros(1).to(D)
     dist.reduce_scatter_tensor(rs, t)
+    rsl = torch.zeros(2).to(D)
+    dist.reduce_scatter(rsl, [t * (k + 1) for k in range(n)])  # block k: t * (k + 1)
     dist.barrier()
     res["dist"] = {"sum": a.cpu().tolist(), "avg": b.cpu().tolist(), "broadcast": c.cpu().tolist(),
                    "gather": [o.cpu().tolist() for o in outs], "gather_into": g.cpu().tolist(),
-                   "reduce_scatter": rs.cpu().tolist()}
+                   "reduce_scatter": rs.cpu().tolist(), "reduce_scatter_list": rsl.cpu().tolist()}
     m = torch.nn.parallel.DistributedDataParallel(model().to(D))
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
     compiles, executions = [], []

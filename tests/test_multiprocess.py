@@ -71,10 +71,11 @@ def test_torchrun_launches_the_same_job_and_torch_distributed_and_ddp_work_on_la
     assert r.returncode == 0 and all(results), r.stderr[-4000:]
     _check_data_parallel(results)
     ddp = [json.load(open(f"{out}.ddp.{rank}.json")) for rank in range(2)]
-    for res in ddp:  # torch.distributed's collectives on lazy tensors (process r holds [r + 1] * 2)
+    for rank, res in enumerate(ddp):  # torch.distributed's collectives on lazy tensors (process r holds [r + 1] * 2)
         assert res["dist"] == {"sum": [3.0, 3.0], "avg": [1.5, 1.5], "broadcast": [2.0, 2.0],
                                "gather": [[1.0, 1.0], [2.0, 2.0]], "gather_into": [1.0, 1.0, 2.0, 2.0],
-                               "reduce_scatter": [3.0]}
+                               "reduce_scatter": [3.0],
+                               "reduce_scatter_list": [3.0 * (rank + 1)] * 2}  # sum over processes of block r
     ref = mp_job.reference()
     for res in ddp:  # DistributedDataParallel: like one process on the whole batch
         d = res["ddp"]

@@ -23,7 +23,8 @@ import socket
 import jax
 import numpy as np
 
-from .. import execution, xla
+from .. import execution, jax_internals, xla
+from ..config import env_int, env_str
 from ..errors import LazyXlaError
 from ..lowering import PROCESS_AXIS as AXIS  # the process axis that the collectives reduce over
 _state = {"world": 1, "rank": 0, "local_rank": 0, "mesh": None}
@@ -53,16 +54,15 @@ def process_mesh():
 def _env_int(name, given, default=None):
     if given is not None:
         return int(given)
-    v = os.environ.get(name)
-    if v is None or v == "":
+    if not env_str(name).strip():
         if default is None:
             raise LazyXlaError(f"lazyxla.distributed.init: {name} is not set; launch with torchrun (or "
                                f"lazyxla.distributed.spawn), or pass it to init()")
         return default
     try:
-        return int(v)
-    except ValueError:
-        raise LazyXlaError(f"lazyxla.distributed.init: {name}={v!r} is not an integer") from None
+        return env_int(name, default)
+    except ValueError as e:
+        raise LazyXlaError(f"lazyxla.distributed.init: {e}") from None
 
 
 def init(rank=None, world_size=None, master_addr=None, master_port=None, local_rank=None,
@@ -82,13 +82,12 @@ def init(rank=None, world_size=None, master_addr=None, master_port=None, local_r
     if world == 1:
         _state.update(world=1, rank=0, local_rank=local)
         return
-    addr = master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    port = os.environ.get("LAZYXLA_COORDINATOR_PORT")
-    port = int(port) if port else _env_int("MASTER_PORT", master_port) + 1
-    beat = heartbeat_timeout or int(os.environ.get("LAZYXLA_HEARTBEAT_TIMEOUT") or 30)
+    addr = master_addr or env_str("MASTER_ADDR") or "127.0.0.1"
+    port = _env_int("LAZYXLA_COORDINATOR_PORT", None, default=0) or _env_int("MASTER_PORT", master_port) + 1
+    beat = heartbeat_timeout or _env_int("LAZYXLA_HEARTBEAT_TIMEOUT", None, default=30)
     if rank == 0:
         _check_port_free(addr, port)
-    if _backend_started():
+    if jax_internals.backend_started():
         raise LazyXlaError("lazyxla.distributed.init: call it before any tensor is on the device (JAX's runtime "
                            "already started for this process alone)")
     try:
@@ -111,19 +110,10 @@ def init(rank=None, world_size=None, master_addr=None, master_port=None, local_r
     computation_cache().clear()
 
 
-def _backend_started() -> bool:
-    try:
-        from jax._src import xla_bridge
-        return bool(xla_bridge.backends_are_initialized())
-    except (ImportError, AttributeError):  # JAX moved it: initialize() says so itself
-        return False
-
-
 def _agree_on_world(rank, world, timeout):
     """Every process must have been started with the same world size: each says its own in
     the coordinator's key-value store and reads everyone's."""
-    from jax._src import distributed
-    client = distributed.global_state.client
+    client = jax_internals.distributed_client()
     client.key_value_set(f"lazyxla/world_size/{rank}", str(world))
     if jax.process_count() != world:
         raise LazyXlaError(f"lazyxla.distributed.init: process {rank} was started with WORLD_SIZE={world}, but the "
@@ -144,8 +134,7 @@ def _lost_processes() -> str:
     coordination service sees them (asking waits at most about the heartbeat timeout)."""
     world = _state["world"]
     try:
-        from jax._src import distributed
-        live = distributed.global_state.client.get_live_nodes(list(range(world)))
+        live = jax_internals.distributed_client().get_live_nodes(list(range(world)))
     except Exception as e:  # noqa: BLE001 - the runtime may be going down itself
         return f" (in a job of {world} processes; which are alive could not be asked: {type(e).__name__})"
     lost = [r for r in range(world) if r not in live]
@@ -191,7 +180,7 @@ def spawn(fn, args=(), nprocs: int | None = None, join: bool = True, start_metho
     """Start ``nprocs`` processes (default: ``WORLD_SIZE`` or 2) that each join the job and
     call ``fn(index, *args)``, as torch_xla's ``xmp.spawn``. With ``join`` (default) wait for
     them and raise if one failed, naming it; otherwise return the processes."""
-    n = int(nprocs or os.environ.get("WORLD_SIZE") or 2)
+    n = int(nprocs or env_int("WORLD_SIZE", 2))
     env = {"WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     ctx = multiprocessing.get_context(start_method)
     procs = [ctx.Process(target=_child, args=(i, fn, tuple(args), env), daemon=False) for i in range(n)]
