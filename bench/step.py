@@ -10,7 +10,9 @@ Then it says where lazyxla's step goes, from three more runs:
 - jax.jit returning what lazyxla's program must return under PyTorch's semantics (the loss
   and every ``.grad`` are live tensors after the step), not just the new state;
 - the same PyTorch step on a ``__torch_dispatch__`` subclass that records nothing: what any
-  tracer written in Python pays PyTorch (autograd, dispatcher, Python wrappers) per step.
+  tracer written in Python pays PyTorch (autograd, dispatcher, Python wrappers) per step;
+- tracing the step against its sync, and the sync's own phases (collecting the pending
+  tensors, post-order, donation plan, graph hash, cache lookup, dispatch).
 Usage: python bench/step.py [--steps N] [--repeats R] [--explain]
 """
 from __future__ import annotations
@@ -111,6 +113,51 @@ def bench_lazyxla_waited(n):
     return statistics.median(host) * 1e3, run
 
 
+SYNC_PHASES = (("pending", "collect the pending tensors"), ("Graph", "post-order and parameters"),
+               ("buffer_donors", "donation plan"), ("_key", "graph hash (six merges)"),
+               ("lookup", "cache lookup"), ("_run", "dispatch (JAX's call, completion queue)"))
+
+
+def sync_phases(n):
+    """Each step waited for: (tracing ms, sync ms, {sync phase: ms}) per step, medians. The
+    phases are the executor's own steps, timed by wrapping them where sync looks them up."""
+    import lazyxla
+    from lazyxla import executor
+    state = setup(lazyxla.device())
+    spent = {}
+
+    def timed(name, fn):
+        def call(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
+        return call
+
+    saved = {name: getattr(executor, name) for name, _ in SYNC_PHASES}
+    rows = []
+    try:
+        for name, fn in saved.items():
+            setattr(executor, name, timed(name, fn))
+        for i in range(n + 5):
+            spent.clear()
+            t0 = time.perf_counter()
+            train_step(*state)
+            t1 = time.perf_counter()
+            lazyxla.sync()
+            t2 = time.perf_counter()
+            lazyxla.wait_device_ops()
+            if i >= 5:
+                rows.append((t1 - t0, t2 - t1, dict(spent)))
+    finally:
+        for name, fn in saved.items():
+            setattr(executor, name, fn)
+    med = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
+    phases = {name: med([r[2].get(name, 0.0) for r in rows]) for name, _ in SYNC_PHASES}
+    return med([r[0] for r in rows]), med([r[1] for r in rows]), phases
+
+
 def bench_bare_dispatch(n):
     model = torch_model()
     for m in model:
@@ -200,6 +247,11 @@ def main(argv=None):
     print(f"  PyTorch step on a bare __torch_dispatch__ subclass that records nothing  {floor:7.3f} ms/step")
     print(f"  floor for any Python tracer: {jo:.3f} + {floor:.3f} = {jo + floor:.3f} ms waited, "
           f"ratio to jax.jit {(jo + floor) / med['jax.jit']:.3f}")
+    trace_ms, sync_ms, phases = sync_phases(args.steps)
+    print(f"  tracing the step {trace_ms:.3f} ms, sync {sync_ms:.3f} ms, of which:")
+    for name, what in SYNC_PHASES:
+        print(f"    {what:42s} {phases[name]:7.3f} ms")
+    print(f"    {'the rest (new buffers into storages, RNG, hooks)':42s} {sync_ms - sum(phases.values()):7.3f} ms")
 
 
 if __name__ == "__main__":
