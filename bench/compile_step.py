@@ -23,7 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from step import bench_eager, bench_jax, setup, time_loop, train_step
+from step import bench_eager, bench_jax, setup, time_loop, timed, train_step
 
 
 def _lazy_setup():
@@ -87,15 +87,6 @@ def host_breakdown(n=200):
     from lazyxla import capture, execution
     spent = {"region": 0.0, "jax call": 0.0}
 
-    def timed(what, fn):
-        def call(*a, **k):
-            t = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                spent[what] += time.perf_counter() - t
-        return call
-
     region_call, jax_run = capture.Region.__call__, execution.run
     with torch._dynamo.config.patch(trace_autograd_ops=True):
         torch._dynamo.reset()
@@ -105,9 +96,9 @@ def host_breakdown(n=200):
             step_fn(x, y)
             lazyxla.sync()
         lazyxla.wait_device_ops()
-        capture.Region.__call__ = timed("region", region_call)
+        capture.Region.__call__ = timed(spent, "region", region_call)
         import lazyxla.executor as executor
-        executor.run = timed("jax call", jax_run)
+        executor.run = timed(spent, "jax call", jax_run)
         try:
             rows = []
             for _ in range(n):

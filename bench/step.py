@@ -21,7 +21,6 @@ import argparse
 import statistics
 import time
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -113,6 +112,17 @@ def bench_lazyxla_waited(n):
     return statistics.median(host) * 1e3, run
 
 
+def timed(spent, name, fn):
+    """``fn``, adding the seconds each call takes to ``spent[name]``."""
+    def call(*a, **k):
+        t = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
+    return call
+
+
 SYNC_PHASES = (("pending", "collect the pending tensors"), ("Graph", "post-order and parameters"),
                ("buffer_donors", "donation plan"), ("_key", "graph hash (six merges)"),
                ("lookup", "cache lookup"), ("_run", "dispatch (JAX's call, completion queue)"))
@@ -125,21 +135,11 @@ def sync_phases(n):
     from lazyxla import executor
     state = setup(lazyxla.device())
     spent = {}
-
-    def timed(name, fn):
-        def call(*a, **k):
-            t = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
-        return call
-
     saved = {name: getattr(executor, name) for name, _ in SYNC_PHASES}
     rows = []
     try:
         for name, fn in saved.items():
-            setattr(executor, name, timed(name, fn))
+            setattr(executor, name, timed(spent, name, fn))
         for i in range(n + 5):
             spent.clear()
             t0 = time.perf_counter()
