@@ -200,3 +200,31 @@ def test_compile_too_frequent_warning():
     """
     r = _run(code, {"PT_XLA_DEBUG_LEVEL": "1"})
     assert "pt-xla-profiler: CompileTime too frequent: 11 counts during 11 steps" in r.stderr
+
+
+def test_every_op_of_a_training_step_keeps_the_users_line():
+    """Each recorded node of a step (forward, autograd's backward, the optimizer's update) names
+    the user's line that caused it: what explanations and the fold page show. A tracer that
+    captured lines lazily or skipped them would fail here."""
+    from lazyxla.graph import Graph
+    from lazyxla.storage import pending
+    settle()
+    D = lazyxla.device()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)).to(D)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(5, 4).to(D), torch.tensor([0, 1, 2, 0, 1]).to(D)
+    lines = {}
+    lines["forward"] = inspect.currentframe().f_lineno + 1
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    lines["backward"] = inspect.currentframe().f_lineno + 1
+    loss.backward()
+    lines["step"] = inspect.currentframe().f_lineno + 1
+    opt.step()
+    _, roots = pending()
+    ops = [n for n in Graph([r for _, r in roots]).post if n.data is None]
+    assert len(ops) > 20
+    where = {(os.path.basename(n.where[0]), n.where[1]) if n.where else None for n in ops}
+    here = os.path.basename(__file__)
+    assert where == {(here, line) for line in lines.values()}, where
+    lazyxla.sync()
