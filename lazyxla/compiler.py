@@ -34,6 +34,12 @@ def specs(graph) -> list:
             for p in graph.params]
 
 
+def _per_process_mesh():
+    """The process mesh when programs run once per process of a job (not under SPMD, where a
+    program spans the processes' devices by its shardings); None otherwise."""
+    return None if spmd() else process_mesh()
+
+
 def _function(graph, name):
     """The program's function and its abstract arguments; in a job of several processes, the
     function runs on every process's device under ``shard_map`` with the process axis bound
@@ -42,8 +48,8 @@ def _function(graph, name):
     fn = build_program(graph.post, graph.roots, graph.params)
     fn.__name__ = name
     args = specs(graph)
-    mesh = process_mesh()
-    if mesh is None or spmd():  # under SPMD a program spans the processes' devices by its shardings
+    mesh = _per_process_mesh()
+    if mesh is None:
         return fn, args
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     fn = jax.shard_map(fn, mesh=mesh, in_specs=tuple(jax.sharding.PartitionSpec() for _ in args),
@@ -81,8 +87,9 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
             compiled = jax.jit(fn, donate_argnums=donors).lower(*args).compile()
     except Exception as e:
         raise ExecutionError(describe_failure("compile", key_hex, graph, e)) from e
-    if process_mesh() is not None and not spmd():
-        compiled = ProcessProgram(compiled, process_mesh())
+    mesh = _per_process_mesh()
+    if mesh is not None:
+        compiled = ProcessProgram(compiled, mesh)
     dt = metrics.now_ns() - t0
     metrics.metric_add("CompileTime", dt, "time")
     metrics.counter_inc("CreateCompileHandles")

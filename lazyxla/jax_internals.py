@@ -7,11 +7,11 @@ lazyxla needs four things JAX has no public API for:
 2. a loaded executable turned back into a ``jax.stages.Compiled`` (JAX's fast C++ call path
    and its argument checks) for the persistent cache (``compiled_from_executable``), with
    the output shardings of a sharded one (``out_shardings_of``);
+3. what a ``Compiled`` keeps of its arguments and closed-over constants, to store it
+   (``kept_arguments``, ``has_constant_arguments``);
 4. in a job of several processes, JAX's coordination client (``distributed_client``: its
    key-value store, which processes are alive) and whether JAX's runtime already started
-   (``backend_started``);
-3. what a ``Compiled`` keeps of its arguments and closed-over constants, to store it
-   (``kept_arguments``, ``has_constant_arguments``).
+   (``backend_started``); and the HLO sharding text of a sharding (``hlo_sharding_text``).
 
 Checked against ``CHECKED_JAX`` (the version pinned in pyproject.toml). When JAX changes
 underneath, each function raises ``JaxInternalsChanged`` naming this module and the

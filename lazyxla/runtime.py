@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax
 
 from . import rng, storage, xla
+from .distributed import world as _world
 from .errors import LazyXlaError
 from .persistent_cache import initialize_cache
 
@@ -44,19 +45,7 @@ def is_spmd() -> bool:
     return xla.spmd()
 
 
-def world_size() -> int:
-    """How many processes take part in the job (1 unless ``lazyxla.distributed.init`` joined one)."""
-    from .distributed import world
-    return world.world_size()
-
-
-def global_ordinal() -> int:
-    """This process's rank in the job."""
-    from .distributed import world
-    return world.global_ordinal()
-
-
-def local_ordinal() -> int:
-    """This process's rank on its machine."""
-    from .distributed import world
-    return world.local_ordinal()
+# who this process is in a job of several (lazyxla.distributed.init); a world of one before
+world_size = _world.world_size
+global_ordinal = _world.global_ordinal
+local_ordinal = _world.local_ordinal

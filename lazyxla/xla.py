@@ -24,6 +24,7 @@ import torch
 
 from . import metrics
 from .config import __version__, env_int, env_str
+from .jax_internals import hlo_sharding_text
 
 jax.config.update("jax_enable_x64", True)
 # torch_xla's CPU_NUM_DEVICES: how many CPU devices JAX's CPU client makes (read once, before
@@ -104,7 +105,6 @@ def sharding_tag(data):
     placeholder holding one): what the graph hash folds for a device-data leaf; None otherwise."""
     if not _spmd:
         return None
-    from .jax_internals import hlo_sharding_text
     array = getattr(data, "array", data)
     return hlo_sharding_text(array.sharding, array.ndim)
 

@@ -57,17 +57,11 @@ def _done(value):
     return torch._C._distributed_c10d._create_work_from_future(fut).boxed()  # as the op schema returns it
 
 
-def _write(dst, value):
-    with torch.no_grad():
-        dst.copy_(value)
-
-
 def _allreduce(func, info, args, kwargs):
     tensors, pg, op = args[0], args[1], args[2]
     n = _group_size(pg, "all_reduce")
     kind, scale = _reduction(op, "all_reduce", n)
-    for t in tensors:
-        _write(t, coll.all_reduce(kind, t, scale=scale))
+    coll.all_reduce(kind, tensors, scale=scale)  # in place, as one collective (DDP's buckets too)
     return tensors, _done(tensors)
 
 
@@ -75,7 +69,7 @@ def _broadcast(func, info, args, kwargs):
     tensors, pg, root = args[0], args[1], args[2]
     _group_size(pg, "broadcast")
     for t in tensors:
-        _write(t, coll.broadcast(t, root))
+        coll.copy_into(t, coll.broadcast(t, root))
     return tensors, _done(tensors)
 
 
@@ -85,14 +79,14 @@ def _allgather(func, info, args, kwargs):
     for outs, t in zip(outputs, inputs):
         gathered = coll.all_gather(t.reshape((1,) + tuple(t.shape)), dim=0)
         for r, o in enumerate(outs):
-            _write(o, gathered[r])
+            coll.copy_into(o, gathered[r])
     return outputs, _done(outputs)
 
 
 def _allgather_base(func, info, args, kwargs):
     out, inp, pg = args[0], args[1], args[2]
     _group_size(pg, "all_gather_into_tensor")
-    _write(out, coll.all_gather(inp, dim=0).reshape(out.shape))
+    coll.copy_into(out, coll.all_gather(inp, dim=0).reshape(out.shape))
     return out, _done(out)
 
 
@@ -110,7 +104,7 @@ def _reduce_scatter(func, info, args, kwargs):
     n = _group_size(pg, "reduce_scatter")
     scale = _sum_scale(op, "reduce_scatter", n)
     for o, parts in zip(outputs, inputs):
-        _write(o, coll.reduce_scatter(coll.REDUCE_SUM, torch.stack(list(parts)), scale, 0, n)[0])
+        coll.copy_into(o, coll.reduce_scatter(coll.REDUCE_SUM, torch.stack(list(parts)), scale, 0, n)[0])
     return outputs, _done(outputs)
 
 
@@ -118,7 +112,7 @@ def _reduce_scatter_base(func, info, args, kwargs):
     out, inp, pg, op = args[0], args[1], args[2], args[3]
     n = _group_size(pg, "reduce_scatter_tensor")
     scale = _sum_scale(op, "reduce_scatter_tensor", n)
-    _write(out, coll.reduce_scatter(coll.REDUCE_SUM, inp, scale, 0, n).reshape(out.shape))
+    coll.copy_into(out, coll.reduce_scatter(coll.REDUCE_SUM, inp, scale, 0, n).reshape(out.shape))
     return out, _done(out)
 
 

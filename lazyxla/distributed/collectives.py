@@ -16,8 +16,7 @@ import torch
 
 from ..errors import LazyXlaError
 from ..ir import Node, OpSig, Slot, TensorMeta, fmt_where, user_frame
-from ..lowering import (lower_all_gather, lower_all_reduce, lower_all_reduce_many, lower_broadcast,
-                        lower_reduce_scatter)
+from ..lowering import lower_all_gather, lower_all_reduce, lower_broadcast, lower_reduce_scatter
 from ..storage import fresh
 from ..tensor import LazyTensor
 from . import world
@@ -40,13 +39,26 @@ def _check_groups(what, groups, where):
                                f"process, {everyone}) at {fmt_where(where)}")
 
 
-def _record(op, lower, t, out_shape, kwargs, where):
-    meta = TensorMeta(tuple(out_shape), t.dtype)
-    k = (op, meta, kwargs)
+def _node(op, lower, tensors, metas, kwargs, where):
+    """One collective node over ``tensors`` (operands), giving values of ``metas``."""
+    k = (op, metas, kwargs)
     sig = _SIGS.get(k)
     if sig is None:
-        sig = _SIGS[k] = OpSig(op, None, lower, ((Slot(0),), kwargs), (meta,))
-    return LazyTensor(fresh((Node(sig, (t._state.value(),), where), 0), meta))
+        sig = _SIGS[k] = OpSig(op, None, lower, (tuple(Slot(i) for i in range(len(tensors))), kwargs), metas)
+    return Node(sig, tuple(t._state.value() for t in tensors), where)
+
+
+def _record(op, lower, t, out_shape, kwargs, where):
+    meta = TensorMeta(tuple(out_shape), t.dtype)
+    return LazyTensor(fresh((_node(op, lower, (t,), (meta,), kwargs, where), 0), meta))
+
+
+def copy_into(dst, value):
+    """Write ``value`` into the lazy tensor ``dst`` (an output argument, a list all-reduced in
+    place), outside autograd."""
+    with torch.no_grad():
+        dst.copy_(value)
+    return dst
 
 
 def all_reduce(reduce_type, inputs, scale=1.0, groups=None, pin_layout=True):
@@ -58,26 +70,21 @@ def all_reduce(reduce_type, inputs, scale=1.0, groups=None, pin_layout=True):
                            f"(REDUCE_SUM, REDUCE_MAX, REDUCE_MIN) at {fmt_where(where)}")
     _check_groups("all_reduce", groups, where)
     kwargs = (("reduce_type", reduce_type), ("scale", float(scale)), ("world", world.world_size()))
-    if isinstance(inputs, torch.Tensor):
-        _check("all_reduce", inputs, where)
-        return _record("xla::all_reduce", lower_all_reduce, inputs, inputs.shape, kwargs, where)
-    inputs = list(inputs)
-    for t in inputs:
+    one = isinstance(inputs, torch.Tensor)
+    tensors = [inputs] if one else list(inputs)
+    for t in tensors:
         _check("all_reduce", t, where)
-    if not inputs:
-        return inputs
-    # one node for the list: its tensors cross the processes as one message per dtype
-    metas = tuple(TensorMeta(tuple(t.shape), t.dtype) for t in inputs)
-    k = ("xla::all_reduce", metas, kwargs)
-    sig = _SIGS.get(k)
-    if sig is None:
-        sig = _SIGS[k] = OpSig("xla::all_reduce", None, lower_all_reduce_many,
-                               (tuple(Slot(i) for i in range(len(inputs))), kwargs), metas)
-    node = Node(sig, tuple(t._state.value() for t in inputs), where)
-    with torch.no_grad():
-        for i, (t, m) in enumerate(zip(inputs, metas)):
-            t.copy_(LazyTensor(fresh((node, i), m)))
-    return inputs
+    if not tensors:
+        return tensors
+    # one node for all of them: they cross the processes as one message per dtype
+    metas = tuple(TensorMeta(tuple(t.shape), t.dtype) for t in tensors)
+    node = _node("xla::all_reduce", lower_all_reduce, tensors, metas, kwargs, where)
+    results = [LazyTensor(fresh((node, i), m)) for i, m in enumerate(metas)]
+    if one:
+        return results[0]
+    for t, r in zip(tensors, results):
+        copy_into(t, r)
+    return tensors
 
 
 def all_gather(value, dim=0, groups=None, output=None, pin_layout=True):
@@ -90,11 +97,7 @@ def all_gather(value, dim=0, groups=None, output=None, pin_layout=True):
     shape[dim] *= world.world_size()
     out = _record("xla::all_gather", lower_all_gather, value, shape, (("dim", dim), ("world", world.world_size())),
                   where)
-    if output is not None:
-        with torch.no_grad():
-            output.copy_(out)
-        return output
-    return out
+    return out if output is None else copy_into(output, out)
 
 
 def reduce_scatter(reduce_type, input, scale, scatter_dim, shard_count, groups=None, output=None,
@@ -119,11 +122,7 @@ def reduce_scatter(reduce_type, input, scale, scatter_dim, shard_count, groups=N
     shape[dim] //= n
     out = _record("xla::reduce_scatter", lower_reduce_scatter, input, shape,
                   (("reduce_type", reduce_type), ("scale", float(scale)), ("dim", dim), ("world", n)), where)
-    if output is not None:
-        with torch.no_grad():
-            output.copy_(out)
-        return output
-    return out
+    return out if output is None else copy_into(output, out)
 
 
 def broadcast(t, root: int = 0):

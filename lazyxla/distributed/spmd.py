@@ -23,9 +23,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ..errors import LazyXlaError
 from ..execution import resolve
-from ..ir import fmt_where, user_frame
+from ..ir import TensorMeta, fmt_where, user_frame
 from ..jax_internals import hlo_sharding_text
-from ..ir import TensorMeta
 from ..storage import SHARDING_OP, Storage, TensorState, constrained
 from ..tensor import LazyTensor
 from .. import xla
@@ -147,10 +146,9 @@ def mark_sharding(t, mesh: Mesh, partition_spec):
                            f"existing annotation must be cleared first (clear_sharding) (at {fmt_where(where)})")
     if st.data is not None:  # device data: laid out now
         st.set_data(jax.device_put(resolve(st.data), ns))
-        st.ir[0].where = where  # recompile explanations name the line that set the layout
     else:
         st.set_ir(constrained(st.ir, st.meta, ns))
-        st.ir[0].where = where
+    st.ir[0].where = where  # recompile explanations name the line that set the layout
     st.sharding = ns
     return t
 
@@ -198,5 +196,5 @@ def get_sharding_spec(t) -> str:
         return xla.sharding_tag(st.data)
     node = st.ir[0]
     if node.sig.op == SHARDING_OP:
-        return hlo_sharding_text(node.sig.func, len(st.meta.shape))
+        return dict(node.sig.template[1])["sharding"]  # the text its signature (and hash) carries
     return ""

@@ -27,7 +27,8 @@ from .. import execution, jax_internals, xla
 from ..config import env_int, env_str
 from ..errors import LazyXlaError
 from ..lowering import PROCESS_AXIS as AXIS  # the process axis that the collectives reduce over
-_state = {"world": 1, "rank": 0, "local_rank": 0, "mesh": None}
+
+_state = {"world": 1, "rank": 0, "local_rank": 0}  # the job's mesh is xla.process_mesh()
 
 
 def world_size() -> int:
@@ -48,7 +49,7 @@ def local_ordinal() -> int:
 def process_mesh():
     """The 1-D JAX mesh of one device per process (each process's first), axis ``AXIS``;
     None in a single process."""
-    return _state["mesh"]
+    return xla.process_mesh()
 
 
 def _env_int(name, given, default=None):
@@ -72,7 +73,7 @@ def init(rank=None, world_size=None, master_addr=None, master_port=None, local_r
     ``timeout``: seconds to wait for every process to join; ``heartbeat_timeout`` (default
     ``LAZYXLA_HEARTBEAT_TIMEOUT`` or 30): seconds after which a process that stopped answering
     is declared lost and the others stop with an error naming it."""
-    if _state["mesh"] is not None or _state["world"] > 1:
+    if _state["world"] > 1:
         raise LazyXlaError("lazyxla.distributed.init: this process has already joined a job")
     rank = _env_int("RANK", rank)
     world = _env_int("WORLD_SIZE", world_size)
@@ -103,7 +104,7 @@ def init(rank=None, world_size=None, master_addr=None, master_port=None, local_r
     for d in jax.devices():  # by position, not id: ids are not contiguous across processes
         firsts.setdefault(d.process_index, d)
     mesh = jax.sharding.Mesh(np.array([firsts[p] for p in range(world)]), (AXIS,))
-    _state.update(world=world, rank=rank, local_rank=local, mesh=mesh)
+    _state.update(world=world, rank=rank, local_rank=local)
     xla.set_process_mesh(mesh)
     execution.explain_failure = _lost_processes
     from ..cache import computation_cache
@@ -147,7 +148,7 @@ def _lost_processes() -> str:
 def _check_port_free(addr, port):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
-            s.bind((addr if addr not in ("localhost",) else "127.0.0.1", port))
+            s.bind(("127.0.0.1" if addr == "localhost" else addr, port))
         except OSError as e:
             raise LazyXlaError(f"lazyxla.distributed.init: the coordinator port {addr}:{port} is in use "
                                f"({e.strerror}); pick another MASTER_PORT (JAX's coordinator takes "

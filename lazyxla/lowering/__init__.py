@@ -34,7 +34,7 @@ which never import it.
   ``amp`` (the gradient scaler's two ops, as decompositions: imported after the table).
 - ``nn_helpers``: helpers the neural-network families share (no lowerings).
 - ``collective``: the cross-process collectives lazyxla records (``lower_all_reduce``,
-  ``lower_all_gather``, ``lower_reduce_scatter``) over the process axis ``PROCESS_AXIS``.
+  ``lower_all_gather``, ``lower_reduce_scatter``, ``lower_broadcast``) over the process axis ``PROCESS_AXIS``.
 
 Public names, re-exported from ``registry`` and ``program`` (the rest of lazyxla uses
 ``lowering.X``): LOWERINGS, DECOMPOSITIONS, STATIC_ARGS, RANDOM, ZERO_D_AS_VECTOR,
@@ -46,8 +46,8 @@ from __future__ import annotations
 from .registry import (DECOMPOSITIONS, LOWERINGS, RANDOM, SHAPE_RULES, STATIC_ARGS, ZERO_D_AS_VECTOR,  # noqa: F401
                        functional_of, get, is_random, register, shape_rule)
 from .program import build_program, lower_call, lower_convert, lower_node, lower_sharding, lower_view_scatter  # noqa: F401
-from .collective import (PROCESS_AXIS, lower_all_gather, lower_all_reduce, lower_all_reduce_many,  # noqa: F401
-                         lower_broadcast, lower_reduce_scatter)
+from .collective import (PROCESS_AXIS, lower_all_gather, lower_all_reduce, lower_broadcast,  # noqa: F401
+                         lower_reduce_scatter)
 from . import elementwise, reduce, matmul, shape, indexing, factory, random  # noqa: F401
 from . import conv, pooling, resample, softmax, loss, layer_norm, embedding, activation  # noqa: F401
 from . import distance, fft, linalg  # noqa: F401

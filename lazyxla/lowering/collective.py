@@ -12,12 +12,6 @@ PROCESS_AXIS = "proc"  # the name the compiler gives the process axis of its mes
 _REDUCERS = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}
 
 
-def lower_all_reduce(sig, x, reduce_type="sum", scale=1.0, world=1):
-    if world > 1:
-        x = _REDUCERS[reduce_type](x, PROCESS_AXIS)
-    return x * scale if scale != 1.0 else x
-
-
 def lower_all_gather(sig, x, dim=0, world=1):
     if world == 1:
         return x
@@ -37,9 +31,9 @@ def lower_broadcast(sig, x, root=0, world=1):
     return jax.lax.psum(jax.numpy.where(mine, x, jax.numpy.zeros_like(x)), PROCESS_AXIS)
 
 
-def lower_all_reduce_many(sig, *xs, reduce_type="sum", scale=1.0, world=1):
-    """Several tensors reduced as one collective: those of one dtype are flattened into one
-    buffer, so the processes exchange one message per dtype, not one per tensor."""
+def lower_all_reduce(sig, *xs, reduce_type="sum", scale=1.0, world=1):
+    """One or several tensors reduced as one collective: those of one dtype are flattened into
+    one buffer, so the processes exchange one message per dtype, not one per tensor."""
     if world == 1:
         return tuple(x * scale if scale != 1.0 else x for x in xs)
     out = list(xs)

@@ -13,6 +13,7 @@ May touch: nothing; reads the registries only.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from ..ir import Slot
@@ -113,7 +114,6 @@ def lower_convert(sig, x):
 def lower_sharding(sig, x, sharding=None):
     """A sharding annotation (SPMD): ``x`` constrained to the layout ``sig.func`` (a jax
     NamedSharding); XLA's partitioner takes it from there."""
-    import jax
     return jax.lax.with_sharding_constraint(x, sig.func)
 
 
