@@ -150,6 +150,8 @@ def read_values(states) -> list:
     arrays = {s.uid: v[0].data for s, v in zip(computed, values) if v[0].data is not None}
     roots = _pending_roots(computed, values)
     if roots:
+        if _READ_GUARD[0] is not None:  # lazyxla.compile(full_graph=True): raises at the user's line
+            _READ_GUARD[0]()
         graph = Graph([r for _, r in roots])
         prog = lookup(graph, _key(False, roots, graph), "read")
         arrays.update(zip((uid for uid, _ in roots), _run(prog, graph)))
@@ -172,3 +174,32 @@ def dump_hlo(states) -> str:
     roots = [s.value() for s in states]
     roots = [v for v in roots if v[0].data is None] or roots
     return hlo_text(Graph(roots))
+
+
+# ---------------------------------------------------------------------------------------
+# Added for the torch_xla-style APIs (``lazyxla.compiled_step``, ``lazyxla.eager``).
+_READ_GUARD = [None]  # called before a value read runs a program; raises (full_graph=True)
+
+
+def set_read_guard(guard):
+    """While a step that must be one program is traced (``lazyxla.compile(full_graph=True)``),
+    ``guard()`` is called when a value read would run a program, and raises; ``None`` lifts it.
+    Returns the guard it replaces."""
+    old = _READ_GUARD[0]
+    _READ_GUARD[0] = guard
+    return old
+
+
+def run_pending():
+    """Eager mode (``lazyxla.eager``): run all pending IR as one program and give each storage
+    its buffer, as ``sync`` does, without ending a step: no seed advance, no ``MarkStep``, no
+    step hooks. Returns the program run (a ``cache.CachedProgram``), or None if nothing was pending."""
+    storages, roots = pending()
+    if not roots:
+        return None
+    graph = Graph([r for _, r in roots])
+    donors = buffer_donors(graph, storages)
+    prog = lookup(graph, _key(True, roots, graph, donors), "sync", donors)
+    for st, arr in zip(storages, _run(prog, graph)):
+        st.set_data(arr)
+    return prog
