@@ -4,18 +4,26 @@ Ordinary PyTorch on ``lazyxla.device()`` records pending IR; ``lazyxla.sync()`` 
 read turns it into one XLA program, found in a compilation cache by its graph hash or
 compiled and cached, then run. This module is the public API and the one place where the
 parts are wired together: PyTorch's kernels for the device, the autocast policy and the
-``torch.distributed`` backend are registered, and the diagnostics subscribe to the
-executor's events. It holds no state.
+``torch.distributed`` backend are registered, and the diagnostics and the step closures
+subscribe to the executor's events. It holds no state.
+
+For torch_xla's training-loop helpers: ``add_step_closure`` (``closures``), ``compile`` and
+``step`` (``compiled_step``), ``lazyxla.data.DeviceLoader``, ``lazyxla.experimental.eager_mode``,
+``lazyxla.progress`` (rate tracker, ``master_print``); ``lazyxla run SCRIPT`` runs a torch_xla
+script unchanged (``lazyxla.compat``).
 """
 from __future__ import annotations
 
 from . import autocast as _autocast
-from . import debug
+from . import closures as _closures
+from . import data, debug, events as _events, experimental, progress  # noqa: F401  (public submodules)
 from . import executor as _executor
 from . import kernels as _kernels
 from . import rng as _rng
 from . import storage as _storage
 from . import metrics as _metrics
+from .closures import add_step_closure
+from .compiled_step import compile, step  # noqa: A004 - torch_xla's names; torch.compile is another thing
 from .config import __version__
 from .device import device
 from .execution import ExecutionError
@@ -27,10 +35,12 @@ _kernels.register()
 _c10d.register()
 _autocast.register()
 debug.install()
+_events.subscribe(_closures.StepClosures())
 
 __all__ = ["device", "sync", "mark_step", "wait_device_ops", "manual_seed", "dump_hlo", "graph_hash",
            "set_buffer_donation", "get_buffer_donation", "LazyTensor", "LazyXlaError", "ExecutionError",
-           "debug", "__version__"]
+           "debug", "__version__", "add_step_closure", "compile", "step", "data", "experimental",
+           "progress"]
 
 
 def sync(wait: bool = False) -> None:

@@ -5,8 +5,9 @@
 (``CPU_NUM_DEVICES`` on the CPU); ``use_spmd()`` turns SPMD on (R12): ``lazyxla.device()`` then
 stands for every device, and data moved there is replicated until annotated
 (``lazyxla.distributed.spmd``). ``world_size()``, ``global_ordinal()`` and ``local_ordinal()``
-say who this process is in a job of several (``lazyxla.distributed.init``). Touches the SPMD
-switch only.
+say who this process is in a job of several (``lazyxla.distributed.init``). ``device_type()``
+is the kind of device the programs run on, in torch_xla's words (``"CPU"``, ``"CUDA"``, ``"TPU"``),
+from JAX's platform. Touches the SPMD switch only.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from .errors import LazyXlaError
 from .persistent_cache import initialize_cache
 
 __all__ = ["initialize_cache", "global_runtime_device_count", "use_spmd", "is_spmd", "world_size",
-           "global_ordinal", "local_ordinal"]
+           "global_ordinal", "local_ordinal", "device_type"]
 
 
 def global_runtime_device_count() -> int:
@@ -49,3 +50,13 @@ def is_spmd() -> bool:
 world_size = _world.world_size
 global_ordinal = _world.global_ordinal
 local_ordinal = _world.local_ordinal
+
+# JAX's platform names -> torch_xla's device types (xr.device_type())
+_DEVICE_TYPES = {"cpu": "CPU", "gpu": "CUDA", "cuda": "CUDA", "rocm": "ROCM", "tpu": "TPU"}
+
+
+def device_type() -> str:
+    """The kind of device lazyxla's programs run on: ``"CPU"`` on JAX's CPU backend, ``"CUDA"`` on
+    an NVIDIA GPU, ``"TPU"``, ``"ROCM"`` (torch_xla's ``xr.device_type()``)."""
+    platform = xla.jax_device().platform.lower()
+    return _DEVICE_TYPES.get(platform, platform.upper())

@@ -141,3 +141,27 @@ def register():
     dist = torch.distributed
     if "lazyxla" not in dist.Backend.backend_list:
         dist.Backend.register_backend("lazyxla", _create_backend, devices=["cpu", "lazyxla"])
+
+
+def _rendezvous_here(url, timeout=None, **kwargs):
+    """An init_method for a process that is a world of one, or a job ``world`` joined (torchrun's
+    or ``spawn``'s environment: MASTER_ADDR and MASTER_PORT)."""
+    if world.world_size() == 1:
+        yield torch.distributed.HashStore(), 0, 1
+        return
+    yield from torch.distributed.rendezvous("env://", world.global_ordinal(), world.world_size())
+
+
+def register_alias(name: str) -> None:
+    """Register this backend under another name too (``"xla"`` for torch_xla scripts), with an
+    ``<name>://`` init_method that takes the job's ranks from ``world`` (torch_xla's ``xla://``)."""
+    dist = torch.distributed
+    if not dist.is_available():
+        return
+    register()
+    if name not in dist.Backend.backend_list:
+        dist.Backend.register_backend(name, _create_backend, devices=["cpu", "lazyxla"])
+    try:
+        dist.register_rendezvous_handler(name, _rendezvous_here)
+    except (AttributeError, RuntimeError):  # already registered
+        pass
