@@ -5,9 +5,10 @@ Subcommands live in ``SUBCOMMANDS``, a dict of name -> ``(add_arguments, handler
 returns an exit code (``None`` means 0), ``help`` is its one-line description. To add one,
 write the two functions (a module of this package, or the module whose job the command is,
 as ``lazyxla.coverage``) and add an entry; ``main`` needs no change. Here: ``demo``
-(``lazyxla.demo``), ``explain`` (``cli.explain``), ``cache`` (``cli.cache``) and ``coverage``
-(``lazyxla.coverage``). Importing this package imports lazyxla (torch and JAX) anyway, so the
-subcommands' modules are imported up front.
+(``lazyxla.demo``), ``explain`` (``cli.explain``), ``run`` (``cli.run``: a torch_xla script
+unchanged), ``cache`` (``cli.cache``) and ``coverage`` (``lazyxla.coverage``). Importing this
+package imports lazyxla (torch and JAX) anyway, so the subcommands' modules are imported up
+front.
 
 May touch: whatever the chosen subcommand touches; nothing itself.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from .. import coverage, demo
-from . import cache, explain
+from . import cache, explain, run
 
 
 # ---------------------------------------------------------------------------------------
@@ -37,6 +38,8 @@ SUBCOMMANDS = {
              "train a small CNN on scikit-learn's digits and report the compilation counts"),
     "explain": (explain.add_arguments, explain.run,
                 "run SCRIPT [ARGS...] and write its fold page (-o PAGE): every compiled key, folded in R3's order"),
+    "run": (run.add_arguments, run.run,
+            "run a torch_xla script unchanged: SCRIPT [ARGS...], with import torch_xla giving lazyxla"),
     "cache": (cache.add_arguments, cache.run,
               "list (ls), summarize (stats) or empty (clear) a persistent compilation cache"),
     "coverage": (coverage.add_arguments, coverage.run,

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import runpy
 import sys
-import traceback
 
 from ..debug import explain as debug_explain
 from ..debug import fold_page
+from .script import run_script
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,42 +43,6 @@ def _split_trailing_output(args):
     return rest, None
 
 
-def _run_script(script, argv) -> int:
-    """Run ``script`` as ``__main__`` like ``python SCRIPT ARGS``; return its exit code, with the
-    traceback printed the way Python prints it for an uncaught exception."""
-    script_abs = os.path.abspath(script)
-    old_argv, old_path0 = sys.argv, (sys.path[0] if sys.path else None)
-    sys.argv = [script, *argv]
-    here = script_abs if os.path.isdir(script_abs) else os.path.dirname(script_abs)
-    if sys.path:
-        sys.path[0] = here
-    else:
-        sys.path.insert(0, here)
-    try:
-        runpy.run_path(script, run_name="__main__")
-        return 0
-    except SystemExit as e:
-        code = e.code
-        if code is None:
-            return 0
-        if isinstance(code, int):
-            return code
-        print(code, file=sys.stderr)
-        return 1
-    except BaseException as e:  # noqa: BLE001 - the script's own error, reported like Python does
-        tb = e.__traceback__
-        t = tb
-        while t is not None and os.path.abspath(t.tb_frame.f_code.co_filename) != script_abs:
-            t = t.tb_next
-        sys.stdout.flush()
-        traceback.print_exception(type(e), e, t if t is not None else tb, file=sys.stderr)
-        return 130 if isinstance(e, KeyboardInterrupt) else 1
-    finally:
-        sys.argv = old_argv
-        if old_path0 is not None and sys.path:
-            sys.path[0] = old_path0
-
-
 def run(args) -> int:
     """The ``lazyxla explain`` subcommand; returns the script's exit code (2 for our own errors)."""
     # -o before SCRIPT leaves every later argument to the script; otherwise a trailing -o is ours
@@ -93,7 +56,7 @@ def run(args) -> int:
         print(f"lazyxla explain: error: no such directory for the page: {out_dir}", file=sys.stderr)
         return 2
 
-    code = _run_script(args.script, script_args)
+    code = run_script(args.script, script_args)
     try:
         sys.stdout.flush()
     except Exception:  # noqa: BLE001

@@ -1,0 +1,8 @@
+"""``torch_xla.experimental`` under ``lazyxla run``: eager mode (``lazyxla.experimental``).
+Touches nothing itself."""
+from lazyxla.experimental import eager_mode, is_eager_mode  # noqa: F401
+
+from ... import not_offered
+
+__getattr__ = not_offered(__name__, {"scan": "a Python loop (each iteration is recorded)",
+                                     "pallas_kernels": "none"})

@@ -1,0 +1,2 @@
+"""``torch_xla.test`` under ``lazyxla run``: holds ``test_utils``. Touches nothing."""
+from . import test_utils  # noqa: F401
