@@ -13,15 +13,16 @@ of in-flight programs, the ``ExecuteTime`` metric and ``ExecuteComputation`` cou
 """
 from __future__ import annotations
 
+import atexit
+import threading
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from queue import SimpleQueue
 
 from . import metrics
 
 _now = metrics.now_ns
-_waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazyxla-exec")
 MAX_INFLIGHT = 2
-_inflight = deque()  # completion futures not yet waited on by wait_device_ops, oldest first
+_inflight = deque()  # completions not yet waited on by wait_device_ops, oldest first
 _last_done = 0  # when the previous program finished (ExecuteTime counts from then if later)
 
 
@@ -39,26 +40,54 @@ class ExecutionError(RuntimeError):
 explain_failure = None
 
 
+class Completion:
+    """One dispatched program's end: ``error`` (an ExecutionError, or None) once it is done.
+    A lock held until then is the whole mechanism (cheaper than a Future on every sync)."""
+
+    __slots__ = ("_lock", "error")
+
+    def __init__(self, error=None):
+        self.error = error
+        self._lock = threading.Lock()
+        if error is None:
+            self._lock.acquire()
+
+    def finish(self, error=None):
+        self.error = error
+        self._lock.release()
+
+    def done(self) -> bool:
+        return not self._lock.locked()
+
+    def wait(self):
+        """The program's error or None, once it has finished."""
+        lock = self._lock
+        if lock.locked():
+            lock.acquire()
+            lock.release()
+        return self.error
+
+
 class Placeholder:
     """An output buffer of a dispatched program: the array (perhaps not computed yet) and
     the program's completion, which says whether it failed."""
 
-    __slots__ = ("future", "array")
+    __slots__ = ("completion", "array")
 
-    def __init__(self, future, array):
-        self.future = future
+    def __init__(self, completion, array):
+        self.completion = completion
         self.array = array
 
     def get(self):
         """The computed array; waits for the program and raises if it failed."""
-        err = self.future.exception()
+        err = self.completion.wait()
         if err is not None:
             try:  # reported here: the next wait_device_ops() does not report it again
-                _inflight.remove(self.future)
+                _inflight.remove(self.completion)
             except ValueError:
                 pass
             # a fresh exception: re-raising the stored one would pin the caller's frames
-            raise ExecutionError(str(err), getattr(err, "root", None)) from None
+            raise ExecutionError(str(err), err.root) from None
         return self.array
 
 
@@ -70,9 +99,9 @@ def resolve(d, wait=True):
         if wait:
             d = d.get()
         else:
-            f = d.future
-            if f.done() and f.exception() is not None:
-                raise ExecutionError(str(f.exception()), getattr(f.exception(), "root", None))
+            err = d.completion.error
+            if err is not None:
+                raise ExecutionError(str(err), err.root)
             d = d.array
     if d.is_deleted():
         raise ExecutionError("lazyxla: this device buffer was donated to a program "
@@ -80,18 +109,48 @@ def resolve(d, wait=True):
     return d
 
 
+# ---------------------------------------------------------------------------------------
+# The completion thread: waits on each program in dispatch order.
+_queue = SimpleQueue()  # (completion, outputs, graph key hex, dispatch time) or None to stop
+_thread = None
+
+
+def _completions():
+    while True:
+        item = _queue.get()
+        if item is None:
+            return
+        done, outs, key_hex, t0 = item
+        try:
+            err = _await(outs, key_hex, t0)
+        except BaseException as e:  # noqa: BLE001 - never leave a completion unfinished
+            err = ExecutionError(_failure_text(key_hex, e))
+        done.finish(err)
+
+
+def _drain_at_exit():
+    if _thread is not None:
+        _queue.put(None)
+        _thread.join()
+
+
+atexit.register(_drain_at_exit)
+
+
 def _await(outs, key_hex, t0):
+    """Wait until ``outs`` are computed; the failure, if the program failed."""
     for a in outs:
         try:
             a.block_until_ready()
         except Exception as e:  # noqa: BLE001 - surfaced at the next wait or read
             if a.is_deleted():
                 continue  # donated to a later program, which waits on it (and fails if it failed)
-            raise ExecutionError(_failure_text(key_hex, e)) from None
+            return ExecutionError(_failure_text(key_hex, e))
     global _last_done
     t1 = _now()
     metrics.metric_add("ExecuteTime", t1 - max(t0, _last_done), "time")
     _last_done = t1
+    return None
 
 
 def _failure_text(key_hex, e):
@@ -101,20 +160,14 @@ def _failure_text(key_hex, e):
     return text
 
 
-def _failed(message, root=None):
-    f = Future()
-    f.set_exception(ExecutionError(message, root))
-    return f
-
-
 def wait_device_ops():
     """Wait for every scheduled execution; raise the first failure since the last wait."""
-    futures = list(_inflight)
-    for _ in futures:
+    pending = list(_inflight)
+    for _ in pending:
         _inflight.popleft()
     first = None
-    for f in futures:
-        e = f.exception()
+    for c in pending:
+        e = c.wait()
         if e is not None and first is None:
             first = e
     if first is not None:
@@ -125,25 +178,40 @@ def run(executable, inputs, n_outputs: int, key_hex: str) -> list:
     """Call ``executable`` on the buffers ``inputs`` (storage data: arrays or Placeholders);
     returns one Placeholder per output, at once. A failure to dispatch surfaces at the next
     wait or read, as one while running does."""
+    global _thread
     if len(_inflight) >= MAX_INFLIGHT:
-        wait([_inflight[-MAX_INFLIGHT]])
-    try:
-        args = [resolve(d, wait=False) for d in inputs]
-    except ExecutionError as e:  # named after the first failure, not after the chain that led here
-        fut, outs = _failed(f"lazyxla: graph {key_hex} not run: an input comes from a failed graph ({e.root})",
-                            e.root), None
-    else:
+        _inflight[-MAX_INFLIGHT].wait()
+    args = []
+    failed = None
+    for d in inputs:  # resolve(d, wait=False), inline
+        if type(d) is Placeholder:
+            err = d.completion.error
+            if err is not None:  # named after the first failure, not after the chain that led here
+                failed = f"lazyxla: graph {key_hex} not run: an input comes from a failed graph ({err.root})"
+                done = Completion(ExecutionError(failed, err.root))
+                break
+            d = d.array
+        args.append(d)
+    outs = None
+    if failed is None:
         t0 = _now()
         try:
             outs = executable(*args)
         except Exception as e:  # noqa: BLE001 - surfaced at the next wait or read
-            fut, outs = _failed(_failure_text(key_hex, e)), None
+            if any(a.is_deleted() for a in args):
+                e = RuntimeError("an input's device buffer was donated to a program "
+                                 "(lazyxla.set_buffer_donation) and no longer exists")
+            done = Completion(ExecutionError(_failure_text(key_hex, e)))
         else:
-            fut = _waiter.submit(_await, outs, key_hex, t0)
-    while _inflight and _inflight[0].done() and _inflight[0].exception() is None:
+            done = Completion()
+            if _thread is None:
+                _thread = threading.Thread(target=_completions, name="lazyxla-exec", daemon=True)
+                _thread.start()
+            _queue.put((done, outs, key_hex, t0))
+    while _inflight and _inflight[0].done() and _inflight[0].error is None:
         _inflight.popleft()  # finished cleanly: nothing to report
-    _inflight.append(fut)
+    _inflight.append(done)
     metrics.counter_inc("ExecuteComputation")
     if outs is None:
-        return [Placeholder(fut, None) for _ in range(n_outputs)]
-    return [Placeholder(fut, a) for a in outs]
+        return [Placeholder(done, None) for _ in range(n_outputs)]
+    return [Placeholder(done, a) for a in outs]

@@ -30,7 +30,7 @@ DEVICE_DATA = "xla::device_data"
 class TensorMeta:
     """Interned (shape, dtype, stride) of one tensor value; compared by identity."""
 
-    __slots__ = ("shape", "dtype", "stride", "numel", "hash")
+    __slots__ = ("shape", "dtype", "stride", "numel", "hash", "contiguous")
     _interned: dict = {}
 
     def __new__(cls, shape, dtype, stride=None):
@@ -46,6 +46,7 @@ class TensorMeta:
             for s in shape:
                 n *= s
             m.numel = n
+            m.contiguous = m.stride == contiguous_stride(shape)
             m.hash = fold(b"meta", encode(shape), encode(dtype))
             cls._interned[key] = m
         return m
@@ -137,18 +138,22 @@ def _value_hashes(h, sig):
 
 
 class Node:
-    __slots__ = ("sig", "operands", "hash", "vh", "where", "data", "owner", "__weakref__")
+    __slots__ = ("sig", "operands", "hash", "vh", "_at", "data", "owner", "__weakref__")
 
     def __init__(self, sig: OpSig, operands: tuple, where=None, data=None, owner=None):
         self.sig = sig
         self.operands = operands
-        self.where = where
+        self._at = where  # the user's line, or where it is: a (code, bytecode offset) site
         self.data = data
         self.owner = owner  # device-data leaves: weakref to the storage the buffer belongs to
         if operands:
-            if len(operands) == 1:
+            n = len(operands)
+            if n == 1:
                 (o, i), = operands
                 k = (sig.hb, o.vh[i])
+            elif n == 2:
+                (o, i), (p, j) = operands
+                k = (sig.hb, o.vh[i], p.vh[j])
             else:
                 k = (sig.hb, *[n.vh[i] for n, i in operands])
             hv = _NODE_HASHES.get(k)
@@ -157,6 +162,19 @@ class Node:
             self.hash, self.vh = hv
         else:
             self.hash, self.vh = sig.hv
+
+    @property
+    def where(self):
+        """(filename, lineno, function) of the user's line that recorded the node, or None;
+        captured as a site when recorded, resolved here, when first read."""
+        w = self._at
+        if w is not None and len(w) == 2:
+            w = self._at = resolve_site(w)
+        return w
+
+    @where.setter
+    def where(self, w):
+        self._at = w
 
     @property
     def op(self):
@@ -195,7 +213,8 @@ _INTERNAL_DIRS = tuple(
     os.path.dirname(m.__file__) + os.sep
     for m in (torch, sys.modules[__name__.rsplit(".", 1)[0]], threading, os)
 )
-_internal_code: dict = {}
+INTERNAL_CODE: dict = {}  # code object -> whether it is library code (not the user's)
+_internal_code = INTERNAL_CODE
 
 
 def _is_internal(code) -> bool:
@@ -228,6 +247,45 @@ def user_frame(depth: int = 2):
     if f is None:
         return None
     return (f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+
+
+def user_site(depth: int = 2):
+    """Where the user's line is, as cheaply as it can be said: the innermost frame outside
+    library code as (code object, bytecode offset), or None. ``resolve_site`` turns it into
+    ``user_frame``'s (filename, lineno, function) when someone reads it (``Node.where``)."""
+    try:
+        f = _getframe(depth)
+    except ValueError:
+        return None
+    cache = _internal_code
+    while f is not None:
+        c = f.f_code
+        r = cache.get(c)
+        if r is None:
+            r = _is_internal(c)
+        if not r:
+            return (c, f.f_lasti)
+        f = f.f_back
+    return None
+
+
+_SITES: dict = {}
+
+
+def resolve_site(site):
+    """(filename, lineno, function) of a ``user_site``."""
+    w = _SITES.get(site)
+    if w is None:
+        code, offset = site
+        line = code.co_firstlineno
+        for start, end, n in code.co_lines():
+            if start <= offset < end:
+                line = n if n is not None else line
+                break
+        if len(_SITES) >= 1 << 16:
+            _SITES.clear()
+        w = _SITES[site] = (code.co_filename, line, code.co_name)
+    return w
 
 
 def user_frames(limit: int = 8):
@@ -295,19 +353,25 @@ def post_order(roots, skip=()):
     iterative traversal does; the parameter sequence inherits that order.
     """
     done = set(skip)
+    opened = set()  # nodes whose operands are on the stack already
     order = []
     for root, _ in roots:
         if id(root) in done:
             continue
-        stack = [(root, False)]  # (node, its operands already pushed)
+        stack = [root]
         while stack:
-            node, expanded = stack.pop()
-            if id(node) in done:
+            node = stack.pop()
+            i = id(node)
+            if i in done:
                 continue
-            if node.operands and not expanded:
-                stack.append((node, True))
-                stack.extend([(o, False) for o, _ in node.operands if id(o) not in done])
+            operands = node.operands
+            if operands and i not in opened:
+                opened.add(i)
+                stack.append(node)
+                for o, _ in operands:
+                    if id(o) not in done:
+                        stack.append(o)
                 continue
-            done.add(id(node))
+            done.add(i)
             order.append(node)
     return order

@@ -23,7 +23,7 @@ from . import lowering
 from .device import DEVICE
 from .ir import user_frame
 from .signature import describe
-from .tensor import dispatch, to_device
+from .tensor import LazyTensor, dispatch, to_device
 
 aten = torch.ops.aten
 
@@ -37,7 +37,7 @@ RNN_OPS = ("lstm.input", "lstm.data", "gru.input", "gru.data", "rnn_tanh.input",
 def _factory(func, args, kwargs):
     kwargs = dict(kwargs)
     kwargs.pop("pin_memory", None)
-    return dispatch(func, args, kwargs)
+    return dispatch(LazyTensor, func, (), args, kwargs)
 
 
 def _make_factory(op):
@@ -79,7 +79,7 @@ def _note_parameter_upload(src, up):
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-    return dispatch(aten.empty.memory_format, (list(size),), {"dtype": dtype, "device": DEVICE})
+    return dispatch(LazyTensor, aten.empty.memory_format, (), (list(size),), {"dtype": dtype, "device": DEVICE})
 
 
 def _pu1_fallback(keyset, op, *args, **kwargs):

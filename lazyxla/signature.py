@@ -98,6 +98,10 @@ def is_special(v) -> bool:
     return (not NO_SPECIAL_SCALARS) and (v == 0 or v == 1 or v == -1)
 
 
+# ``v in SPECIAL_SCALARS`` is ``is_special(v)`` for a Python scalar, without a call
+SPECIAL_SCALARS = () if NO_SPECIAL_SCALARS else (0, 1, -1)
+
+
 # ---------------------------------------------------------------------------------------
 def _to_meta(a):
     if isinstance(a, torch.Tensor):

@@ -330,21 +330,21 @@ def upload(host) -> TensorState:
     return TensorState(Storage.of_data(_upload_array(host), meta), meta)
 
 
-_SCALARS: dict = {}
+SCALAR_LEAVES: dict = {}  # (Python type, value, dtype) -> device-data IR value
 
 
 def forget_scalars():
     """Drop the cached scalar buffers (SPMD placed new ones on every device)."""
-    _SCALARS.clear()
+    SCALAR_LEAVES.clear()
 
 
 def scalar_value(v, dtype):
     """A Python scalar as a device-data IR value (R1.5), cached by value and dtype."""
     k = (type(v), v, dtype)
-    leaf = _SCALARS.get(k)
+    leaf = SCALAR_LEAVES.get(k)
     if leaf is None:
         _counters["DeviceDataCacheMiss"] = _counters.get("DeviceDataCacheMiss", 0) + 1
-        if len(_SCALARS) > 4096:
-            _SCALARS.clear()
-        leaf = _SCALARS[k] = (data_leaf(scalar_array(v, dtype), TensorMeta((), dtype)), 0)
+        if len(SCALAR_LEAVES) > 4096:
+            SCALAR_LEAVES.clear()
+        leaf = SCALAR_LEAVES[k] = (data_leaf(scalar_array(v, dtype), TensorMeta((), dtype)), 0)
     return leaf

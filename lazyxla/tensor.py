@@ -21,24 +21,26 @@ May touch: lazy tensors and their states, the RNG chain, the tracing metrics.
 from __future__ import annotations
 
 import copy
+import sys
 import warnings
 
 import torch
 
-from . import metrics, rng
+from . import eager, metrics, rng
 from .device import DEVICE
 from .executor import read_values
-from .ir import Node, OpSig, fmt_where, user_frame
+from .ir import INTERNAL_CODE as _INTERNAL_CODE, Node, OpSig, fmt_where, user_frame, user_site
 from .ops import Record, become, decompose, fallback, special_for
 from .errors import LazyXlaError
-from .signature import SCALAR_TYPES, is_special, new_entry, op_info
-from .storage import TensorState, converted, fresh, scalar_value, storage_offset, upload
+from .signature import SCALAR_TYPES, SPECIAL_SCALARS, is_special, new_entry, op_info
+from .storage import SCALAR_LEAVES, Storage, TensorState, converted, fresh, scalar_value, storage_offset, upload
 
 aten = torch.ops.aten
 _now = metrics.now_ns
 _COUNTERS = metrics.COUNTERS
 TRACE_NS = metrics.pending_samples("LazyTracing", "time")  # per-op tracing time
 _make_wrapper = torch.Tensor._make_wrapper_subclass
+_getframe = sys._getframe
 
 
 class LazyTensor(torch.Tensor):
@@ -60,9 +62,7 @@ class LazyTensor(torch.Tensor):
     __torch_function__ = torch._C._disabled_torch_function_impl
     __hash__ = object.__hash__  # by identity, as torch.Tensor's, without a Python call
 
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return dispatch(func, args, kwargs)
+    # __torch_dispatch__ is ``dispatch`` itself (set below it): one Python frame less per op
 
     # -- values read on the host (R5); each is one value read -------------------------------
     def __repr__(self, *, tensor_contents=None):
@@ -131,73 +131,96 @@ def wrap(x):
 
 
 # ---------------------------------------------------------------------------------------
-# The warm path.
-_ROUTES: dict = {}  # op -> (its schema facts, its handling of its own or None)
+# The warm path. Every recorded op comes through here, so it is written for speed: routes
+# and signatures are found by identity (an OpOverload hashes in Python), a new tensor is
+# made without a Python-level constructor call, and the user's line is captured as a site
+# (code object, bytecode offset) that becomes a line only when someone reads it.
+_ROUTES: dict = {}  # id(op) -> (op, its schema facts, its handling of its own or None)
 
 
 def _route(func):
     i = op_info(func)
-    r = _ROUTES[func] = (i, special_for(func, i))
+    r = _ROUTES[id(func)] = (func, i, special_for(func, i))
     return r
 
 
-def dispatch(func, args, kwargs):
+def dispatch(cls, func, types, args=(), kwargs=None):
+    """``LazyTensor.__torch_dispatch__``: one ATen call on lazy tensors, recorded as an IR node
+    (or handled by ``ops``, decomposed, or run on the CPU). One function, so that the common
+    case is one Python frame: find the route, build the signature key, find its entry, make
+    the node and the output tensors."""
     t0 = _now()
-    r = _ROUTES.get(func)
-    if r is None:
+    r = _ROUTES.get(id(func))
+    if r is None or r[0] is not func:
         r = _route(func)
-    info, special = r
+    _, info, special = r
     if special is not None:
         out = special(func, info, args, kwargs or {})
-        if type(out) is Record:
-            return _record(func, info, wrap(out.args), out.kwargs)
-        return wrap(out)
-    return _record(func, info, args, kwargs, t0)
-
-
-_SIGS: dict = {}  # signature key -> signature.Entry
-_AS_STRIDED = aten.as_strided.default
-
-
-def _record(func, info, args, kwargs, t0=None):
-    """Record one call as an IR node (or decompose it / fall back to the CPU)."""
-    if t0 is None:
-        t0 = _now()
+        if type(out) is not Record:
+            return _done(wrap(out))
+        args, kwargs = wrap(out.args), out.kwargs
+    # the signature key (the op, by its schema facts; each tensor's meta; each non-tensor
+    # argument), collecting the operands: a tensor's IR value, or a Python scalar op value
     ops = []
-    key = _key_of(func, info, args, kwargs, ops)
+    key = [info]
+    vp = info.value_pos
+    for i, a in enumerate(args):
+        t = type(a)
+        if t is LazyTensor:  # the common cases, inline
+            s = a._state
+            ops.append(s.storage.ir if s.chain is None else s.value())
+            key.append(s.meta)
+        elif (t is float or t is int) and i in vp and a not in SPECIAL_SCALARS:
+            ops.append(a)
+            key.append(_SCALAR_KEYS[t])
+        else:
+            key.append(_key_item(a, i in vp, ops, info))
+    if kwargs:
+        vk = info.value_kw
+        for k, a in kwargs.items():
+            key.append(k)
+            key.append(_key_item(a, k in vk, ops, info))
+    key = tuple(key)
     entry = _SIGS.get(key)
     if entry is None:
-        entry = _SIGS[key] = new_entry(func, info, args, kwargs, user_frame(3))
-    mode = entry.mode
-    if mode != "node":
-        if mode == "const":
-            return entry.const
-        if mode == "decomp":
-            return wrap(decompose(func, info, args, kwargs))
-        if mode == "implicit":
-            return func.decompose(*args, **(kwargs or {}))
-        return wrap(fallback(func, info, args, kwargs))
+        entry = _SIGS[key] = new_entry(func, info, args, kwargs, user_frame(1))
+    if entry.mode != "node":
+        return _done(_without_node(entry, func, info, args, kwargs))
     c = info.counter
     _COUNTERS[c] = _COUNTERS.get(c, 0) + 1
     sig = entry.sig
     sdt = entry.scalar_dtypes  # operand index -> dtype of each Python scalar operand
     if sdt:
-        vals = tuple([v if type(v) is tuple else scalar_value(v, sdt[i]) for i, v in enumerate(ops)])
-    else:
-        vals = tuple(ops)
+        for j, dt in sdt.items():
+            v = ops[j]
+            if type(v) is not tuple:
+                leaf = SCALAR_LEAVES.get((type(v), v, dt))
+                ops[j] = leaf if leaf is not None else scalar_value(v, dt)
+    vals = tuple(ops)
     if info.random:
         vals += (rng.next_seed(),)
     kind = info.kind
     from_storage = False
     if func is _AS_STRIDED and kind == "view":
         sig, vals, from_storage = _as_strided_on_storage(args, kwargs, sig, vals)
-    node = Node(sig, vals, user_frame(3))
+    try:  # the op's caller: the user's line when its code is known to be the user's (user_site,
+        f = _getframe(1)  # inline); otherwise user_site walks out of library code
+        c = f.f_code
+        where = (c, f.f_lasti) if _INTERNAL_CODE.get(c) is False else user_site(1)
+    except ValueError:  # no Python caller (PyTorch's autograd device thread)
+        where = None
+    node = Node(sig, vals, where)
     if kind == "functional":
         if entry.returns == "one":
             m = sig.outs[0]
-            out = LazyTensor(fresh((node, 0), m))
+            state = TensorState(Storage((node, 0), m), m)
+            if m.contiguous:  # _tensor(state), inline
+                out = _make_wrapper(LazyTensor, m.shape, dtype=m.dtype, device=DEVICE)
+                out._state = state
+            else:
+                out = _tensor(state)
         else:
-            out = _as_returned([LazyTensor(fresh((node, i), m)) for i, m in enumerate(sig.outs)], entry.returns)
+            out = _as_returned([_tensor(fresh((node, i), m)) for i, m in enumerate(sig.outs)], entry.returns)
         if entry.pattern is not None:
             it = iter(out)
             out = tuple(next(it) if p else None for p in entry.pattern)
@@ -205,13 +228,54 @@ def _record(func, info, args, kwargs, t0=None):
         out = args[0]
         out._state.write((node, 0))
     elif kind == "view":
-        out = _as_returned([LazyTensor(s) for s in args[0]._state.view(node, sig, from_storage)], entry.returns)
+        out = _as_returned([_tensor(s) for s in args[0]._state.view(node, sig, from_storage)], entry.returns)
     elif kind == "out":
         out = _write_out(node, sig, info, kwargs)
     else:
         raise LazyXlaError(f"{info.name}: mutating op without a lowering at {fmt_where(node.where)}")
     TRACE_NS.append(_now() - t0)
+    if eager.ON:
+        eager.after_op(out)
     return out
+
+
+LazyTensor.__torch_dispatch__ = classmethod(dispatch)
+
+
+def _done(out):
+    """An op's result that took one of the rarer ways (handled by ``ops``, decomposed, a
+    constant, the CPU): computed now in eager mode, as a recorded one is."""
+    if eager.ON:
+        eager.after_op(out)
+    return out
+
+
+def _without_node(entry, func, info, args, kwargs):
+    """A call whose signature records no node: a constant, a decomposition, PyTorch's own
+    composite, or the CPU fallback."""
+    mode = entry.mode
+    if mode == "const":
+        return entry.const
+    if mode == "decomp":
+        return wrap(decompose(func, info, args, kwargs))
+    if mode == "implicit":
+        return func.decompose(*args, **(kwargs or {}))
+    return wrap(fallback(func, info, args, kwargs))
+
+
+def _tensor(state):
+    """A new LazyTensor for ``state`` (the hot path's ``LazyTensor(state)``)."""
+    m = state.meta
+    if m.contiguous:
+        t = _make_wrapper(LazyTensor, m.shape, dtype=m.dtype, device=DEVICE)
+    else:
+        t = _make_wrapper(LazyTensor, m.shape, strides=m.stride, dtype=m.dtype, device=DEVICE)
+    t._state = state
+    return t
+
+
+_SIGS: dict = {}  # signature key -> signature.Entry
+_AS_STRIDED = aten.as_strided.default
 
 
 _OFFSET_SIGS: dict = {}
@@ -253,32 +317,15 @@ def _as_returned(tensors, returns):
     return tensors if returns == "list" else tuple(tensors)
 
 
-def _key_of(func, info, args, kwargs, ops):
-    """Builds the signature key; appends the operands to ``ops``: a tensor's IR value, or a
-    Python scalar that is an op value."""
-    key = [func]
-    vp = info.value_pos
-    for i, a in enumerate(args):
-        if type(a) is LazyTensor:  # the common case, inline
-            s = a._state
-            ops.append(s.storage.ir if s.chain is None else s.value())
-            key.append(s.meta)
-        else:
-            key.append(_key_item(a, i in vp, ops, info))
-    if kwargs:
-        vk = info.value_kw
-        for k, a in kwargs.items():
-            key.append(k)
-            key.append(_key_item(a, k in vk, ops, info))
-    return tuple(key)
-
-
 # Ops that take CPU index tensors with tensors on another device, as PyTorch's advanced
 # indexing does (``x[torch.tensor([0, 2])]``, ``x[idx] = v``).
 _CPU_INDEX_OPS = ("aten::index", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_",
                   "aten::_unsafe_index", "aten::_unsafe_index_put")
 _PACKED_SEQUENCE_OPS = ("aten::_pack_padded_sequence", "aten::_pad_packed_sequence", "aten::lstm", "aten::gru",
                         "aten::rnn_tanh", "aten::rnn_relu")
+
+
+_SCALAR_KEYS = {float: ("S", float), int: ("S", int)}
 
 
 def _key_item(a, is_value, ops, info):
