@@ -79,6 +79,30 @@ def _device_tree(x, device):
     return x
 
 
+def _put(q, stop, item) -> bool:
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _work(it, q, stop):
+    """The background thread: upload each batch of ``it`` into ``q`` until done or stopped. It
+    holds no reference to the iterator object, so a loop left early (``islice``, ``break``)
+    frees the iterator, whose ``__del__`` stops this thread."""
+    try:
+        for batch in it:
+            if stop.is_set() or not _put(q, stop, _upload_tree(batch)):
+                return
+    except BaseException as e:  # noqa: BLE001 - raised in the consuming thread
+        _put(q, stop, _Failed(e))
+        return
+    _put(q, stop, _END)
+
+
 class _Iterator:
     def __init__(self, owner):
         self._owner = owner
@@ -86,28 +110,9 @@ class _Iterator:
         self._stop = threading.Event()
         self._handed = 0
         self._done = False
-        self._thread = threading.Thread(target=self._work, args=(iter(owner.loader),),
+        self._thread = threading.Thread(target=_work, args=(iter(owner.loader), self._queue, self._stop),
                                         name="lazyxla-device-loader", daemon=True)
         self._thread.start()
-
-    def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _work(self, it):
-        try:
-            for batch in it:
-                if self._stop.is_set() or not self._put(_upload_tree(batch)):
-                    return
-        except BaseException as e:  # noqa: BLE001 - raised in the consuming thread
-            self._put(_Failed(e))
-            return
-        self._put(_END)
 
     def __iter__(self):
         return self
@@ -115,8 +120,7 @@ class _Iterator:
     def __next__(self):
         if self._done:
             raise StopIteration
-        per = self._owner.batches_per_execution
-        if self._handed % per == 0:
+        if self._handed % self._owner.batches_per_execution == 0:
             executor.sync()  # the step that used the previous batch(es) becomes one program
         item = self._queue.get()
         if item is _END or type(item) is _Failed:
