@@ -13,7 +13,10 @@ decomposition, as a constant, or on the CPU. ``info(func)`` holds the facts read
 op's schema (functional, in-place, out=, view; its value arguments).
 
 This is the cold path: the warm path (``tensor.py``) never pays meta shape inference again.
-Works on any torch tensors through their public attributes. May touch: its own caches.
+With the persistent cache on, a lowering check that passed once is remembered on disk
+(``persistent_cache``), so a new process's first step does not trace it again.
+Works on any torch tensors through their public attributes. May touch: its own caches and the
+persistent cache's remembered checks.
 """
 from __future__ import annotations
 
@@ -21,8 +24,12 @@ import jax
 import torch
 from torch._ops import OpOverload
 
-from . import lowering
-from .config import env_flag
+import functools
+import os
+
+from . import lowering, persistent_cache
+from .config import __version__, env_flag
+from .hashing import encode, fold
 from .device import is_lazy
 from .errors import LazyXlaError
 from .ir import OpSig, Slot, TensorMeta, fmt_where
@@ -313,7 +320,13 @@ def _check_inplace(func, args, kwargs, where, info, outs):
 
 def _check_lowering(sig, slot_metas, info, args, where):
     """Trace the lowering once, abstractly, when a signature is first seen: an op the
-    lowering cannot do fails here, at the user's line, not later inside a whole program."""
+    lowering cannot do fails here, at the user's line, not later inside a whole program.
+    With the persistent cache on, a check that passed in an earlier process is remembered
+    there (keyed by the signature, its inputs and the lowering code) and not traced again."""
+    pcache = persistent_cache.get_cache()
+    key = _check_key(sig, slot_metas) if pcache is not None else None
+    if key is not None and pcache.was_checked(key):
+        return
     specs = [jax.ShapeDtypeStruct(m.shape, jnp_dtype(m.dtype)) for m in slot_metas]
     try:
         jax.eval_shape(lambda *v: lowering.lower_call(sig, v), *specs)
@@ -322,6 +335,30 @@ def _check_lowering(sig, slot_metas, info, args, where):
         msg = str(e).split("\n")[0]
         raise LazyXlaError(f"{info.name}({shapes}) is not supported by lazyxla: {type(e).__name__}: {msg} "
                            f"at {fmt_where(where)}") from None
+    if key is not None:
+        pcache.remember_checked(key)
+
+
+def _check_key(sig, slot_metas) -> bytes:
+    """What a signature check depends on, folded: the signature (op, parameters, outputs),
+    its promoted dtype, its lowering function, the shapes and dtypes of its inputs, and the
+    lowering code itself with the JAX and lazyxla versions (any change checks again)."""
+    low = sig.lower
+    name = f"{getattr(low, '__module__', '')}.{getattr(low, '__qualname__', type(low).__name__)}"
+    return fold(b"lowering-check", _lowering_fingerprint(), sig.hb, encode(str(sig.cdtype)), encode(name),
+                *[m.hash for m in slot_metas])
+
+
+@functools.lru_cache(maxsize=1)
+def _lowering_fingerprint() -> bytes:
+    """The lowering package's source, JAX's version and lazyxla's, folded."""
+    parts = [encode(jax.__version__), encode(__version__)]
+    root = os.path.dirname(lowering.__file__)
+    for name in sorted(os.listdir(root)):
+        if name.endswith(".py"):
+            with open(os.path.join(root, name), "rb") as f:
+                parts.append(encode(name) + fold(f.read()))
+    return fold(*parts)
 
 
 def _promoted(args, tensors):

@@ -624,3 +624,55 @@ def test_cli_ls_stats_clear(cdir, key_file):
     env.pop("XLA_PERSISTENT_CACHE_PATH")
     r = cli("ls")
     assert r.returncode == 2 and "XLA_PERSISTENT_CACHE_PATH" in r.stderr
+
+
+def test_signature_checks_are_remembered_signed_and_cleared(cdir):
+    """A lowering check that passed is remembered in the cache directory for the next process;
+    a record that does not verify (edited, another key's) is not believed; clear forgets."""
+    first = pc.PersistentCache(cdir)
+    assert not first.was_checked(KEY)
+    first.remember_checked(KEY)
+    again = pc.PersistentCache(cdir)                                  # as a new process sees it
+    assert again.was_checked(KEY) and not again.was_checked(KEY2)
+    path = os.path.join(cdir, store.CHECKS_FILE)
+    with open(path, "r+b") as f:                                      # flip a bit of the MAC
+        f.seek(20)
+        b = f.read(1)
+        f.seek(20)
+        f.write(bytes([b[0] ^ 1]))
+    assert not pc.PersistentCache(cdir).was_checked(KEY)
+    ro = pc.PersistentCache(cdir, readonly=True)
+    ro.remember_checked(KEY2)                                         # read-only: remembered here only
+    assert ro.was_checked(KEY2) and not pc.PersistentCache(cdir).was_checked(KEY2)
+    first.remember_checked(KEY2)
+    first.clear()
+    assert not os.path.exists(path) and not pc.PersistentCache(cdir).was_checked(KEY2)
+
+
+def test_first_sight_of_a_signature_skips_a_remembered_lowering_check(cdir, monkeypatch):
+    """With the persistent cache on, a new process's first step does not trace lowerings that
+    an earlier process checked; a new signature is still checked (and then remembered)."""
+    from lazyxla import signature, tensor
+    monkeypatch.setenv("XLA_PERSISTENT_CACHE_PATH", cdir)
+    pc._reset_for_tests()
+    traced = []
+    real = jax.eval_shape
+    monkeypatch.setattr(signature.jax, "eval_shape", lambda *a, **k: traced.append(1) or real(*a, **k))
+    import torch
+    dev = lazyxla.device()
+    t = torch.arange(6.0).reshape(2, 3).to(dev)
+
+    def first_sight(op):
+        monkeypatch.setattr(tensor, "_SIGS", {})                     # a new process's empty table
+        traced.clear()
+        r = op(t)
+        return len(traced), r
+
+    n, r = first_sight(lambda v: torch.atan2(v, v + 7.0))
+    assert n >= 1                                                     # checked the first time
+    pc._reset_for_tests()                                             # the next process's cache object
+    n, r2 = first_sight(lambda v: torch.atan2(v, v + 7.0))
+    assert n == 0                                                     # remembered: not traced again
+    assert torch.allclose(r2.cpu(), torch.atan2(torch.arange(6.0).reshape(2, 3), torch.arange(6.0).reshape(2, 3) + 7))
+    n, _ = first_sight(lambda v: torch.atan2(v.double(), v.double()))  # other input dtypes: checked
+    assert n >= 1

@@ -21,12 +21,18 @@ May touch:
   ``.<key hex>.<pid>.<random>.tmp`` (renamed into place, or swept when stale); nothing else in
   the directory is read, changed or deleted. Read-only mode writes, touches and deletes nothing
   there.
+- the file ``checked-signatures`` in the cache directory: the signature checks (an op's
+  lowering traced abstractly for its input shapes, ``signature``) that passed in an earlier
+  process, one HMAC-signed 16-byte key per record, appended (``was_checked``,
+  ``remember_checked``); ``clear`` empties it with the entries.
 - the HMAC key file (``hmac_key``), on first use.
 - counters ``PersistentCacheMiss``, ``PersistentCacheHit``, ``PersistentCacheDeserializeFailure``
   and the timed metric ``PersistentCacheLoad`` (``lazyxla.metrics``).
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import re
 import stat
@@ -41,6 +47,7 @@ from ..files import write_atomic
 from .entry import FORMAT_VERSION, _BadEntry, decode_entry, encode_entry, peek_meta, spec_list
 from .hmac_key import PersistentCacheError, key_file_path, read_or_create_key
 
+CHECKS_FILE = "checked-signatures"  # remembered signature checks (not an entry: not hex)
 STALE_TEMP_SECONDS = 3600         # temp files older than this are a dead writer's; swept on store
 
 _ENTRY_RE = re.compile(r"^[0-9a-f]{2,256}$")
@@ -121,6 +128,7 @@ class PersistentCache:
         self._warned_store = False
         self.last_failure = None  # why the last bad entry was rejected
         self.last_call_path = None
+        self._checked = None  # the remembered signature checks, read at the first question
         self._check_directory()
 
     # -- setup ------------------------------------------------------------------------
@@ -327,6 +335,43 @@ class PersistentCache:
         })
         return m, payload
 
+    # -- remembered signature checks ---------------------------------------------------
+    def _check_record(self, key: bytes) -> bytes:
+        return key + hmac.new(self.mac_key, b"checked-signature" + key, hashlib.sha256).digest()[:16]
+
+    def was_checked(self, key: bytes) -> bool:
+        """Whether a signature check with this 16-byte key passed in an earlier process (or this
+        one). Records whose MAC does not verify (another user's, a torn write) are ignored."""
+        if self._checked is None:
+            self._checked = set()
+            try:
+                with open(os.path.join(self.path, CHECKS_FILE), "rb") as f:
+                    data = f.read()
+            except OSError:
+                data = b""
+            for i in range(0, len(data) - 31, 32):
+                rec = data[i:i + 32]
+                if hmac.compare_digest(self._check_record(rec[:16]), rec):
+                    self._checked.add(rec[:16])
+        return key in self._checked
+
+    def remember_checked(self, key: bytes) -> None:
+        """Record that the signature check ``key`` passed (one appended record; nothing when
+        read-only)."""
+        if self.was_checked(key):
+            return
+        self._checked.add(key)
+        if self.readonly:
+            return
+        try:  # a 32-byte append is one write: concurrent processes do not interleave records
+            fd = os.open(os.path.join(self.path, CHECKS_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, self._check_record(key))
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # only a saving lost: the check runs again in the next process
+
     # -- maintenance ------------------------------------------------------------------
     def _scan(self):
         """[(name, size, mtime)] of entries, and [(name, mtime)] of temp files."""
@@ -412,6 +457,8 @@ class PersistentCache:
         n = sum(self._unlink(name) for name, _, _ in entries)
         for name, _ in temps:
             self._unlink(name)
+        self._unlink(CHECKS_FILE)
+        self._checked = None
         self._hits.clear()
         return n
 
