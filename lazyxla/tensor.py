@@ -124,7 +124,7 @@ def wrap(x):
     """A special op's answer as PyTorch wants it: each TensorState becomes a new LazyTensor."""
     t = type(x)
     if t is TensorState:
-        return LazyTensor(x)
+        return _tensor(x)
     if t is list or t is tuple:
         return t(wrap(y) for y in x)
     return x
