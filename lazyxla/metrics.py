@@ -2,6 +2,8 @@
 
 It keeps its own state and touches nothing else (no torch, no jax; of lazyxla only its settings), so
 every part of lazyxla can record into it cheaply. The public face is `lazyxla.debug.metrics`.
+A count kept lazily by a hot path is settled by the functions in ``BEFORE_READ`` before any
+counter is read (the arena's dead tensors: ``DestroyXlaTensor``).
 """
 
 import collections
@@ -55,6 +57,16 @@ now_ns = time.perf_counter_ns  # for measuring durations on hot paths
 
 def counter_inc(name, n=1):
     COUNTERS[name] = COUNTERS.get(name, 0) + n
+
+
+# Counts that a hot path settles only when someone reads the counters (the arena counts the
+# tensors that died since it last looked): each function here runs before every read.
+BEFORE_READ: list = []
+
+
+def _settle():
+    for settle in BEFORE_READ:
+        settle()
 
 
 def _metric(name, kind):
@@ -121,11 +133,13 @@ def timed(name):
 
 
 def counter_value(name):
+    _settle()
     v = COUNTERS.get(name)
     return v if v else None  # torch_xla hides zero counters
 
 
 def _live_counters():
+    _settle()
     # dict.copy() runs in C without releasing the GIL: a consistent snapshot.
     return sorted((k, v) for k, v in COUNTERS.copy().items() if v)
 
@@ -165,6 +179,7 @@ def metric_data(name):
 
 
 def clear_counters():
+    _settle()  # deaths before the clear are not counted after it
     COUNTERS.clear()
 
 

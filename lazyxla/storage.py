@@ -98,13 +98,32 @@ def constrained(value, meta, sharding):
 # ---------------------------------------------------------------------------------------
 # The arena: weak references to live states, in creation order (a dict keeps insertion
 # order; a weak reference hashes as its state did, so a dead one still finds its entry).
+# A dead state's reference stays until the arena is next walked (a sync, a read of the
+# counters, or every 2**14 new states): no Python callback on each tensor's death, and the
+# creation and destruction counters are settled then too.
 LIVE: dict = {}
 _ids = itertools.count(1)
 
 
-def _forget(ref):
-    LIVE.pop(ref, None)
-    _counters["DestroyXlaTensor"] = _counters.get("DestroyXlaTensor", 0) + 1
+_last_uid = 0      # the id of the newest state (CreateXlaTensor is settled from it when read)
+_counted_uid = 0   # the newest state already counted in CreateXlaTensor
+
+
+def prune():
+    """Drop the references of dead states; count them (DestroyXlaTensor), and the states
+    made since the last count (CreateXlaTensor)."""
+    global _counted_uid
+    dead = [ref for ref in list(LIVE) if ref() is None]
+    for ref in dead:
+        LIVE.pop(ref, None)
+    if dead:
+        _counters["DestroyXlaTensor"] = _counters.get("DestroyXlaTensor", 0) + len(dead)
+    made, _counted_uid = _last_uid - _counted_uid, _last_uid
+    if made:
+        _counters["CreateXlaTensor"] = _counters.get("CreateXlaTensor", 0) + made
+
+
+metrics.BEFORE_READ.append(prune)
 
 
 class TensorState:
@@ -118,10 +137,12 @@ class TensorState:
         self.ir = ir        # a view's IR value, valid while version == storage.version
         self.version = version
         self.meta = meta
-        self.uid = next(_ids)
+        global _last_uid
+        self.uid = _last_uid = uid = next(_ids)
         self.copy_of_view = None  # the view op whose CPU result this is (a copy, not an alias)
-        LIVE[_weakref(self, _forget)] = None
-        _counters["CreateXlaTensor"] = _counters.get("CreateXlaTensor", 0) + 1
+        LIVE[_weakref(self)] = None
+        if not uid & 0x3FFF:
+            prune()
 
     def value(self):
         """The tensor's current IR value, rebuilding a view's IR if its storage moved on."""
@@ -280,10 +301,16 @@ def view_on_host(host, chain):
 def live_states() -> list:
     """Live states in creation order."""
     out = []
+    dead = 0
     for ref in list(LIVE):
         s = ref()
-        if s is not None:
+        if s is None:
+            LIVE.pop(ref, None)
+            dead += 1
+        else:
             out.append(s)
+    if dead:
+        _counters["DestroyXlaTensor"] = _counters.get("DestroyXlaTensor", 0) + dead
     return out
 
 
@@ -291,10 +318,7 @@ def pending():
     """What a sync computes: (storages, roots) for each distinct storage of a live tensor
     whose value is pending IR, in arena order; a root is (tensor id, the storage's IR value)."""
     storages, roots, seen = [], [], set()
-    for ref in list(LIVE):
-        s = ref()
-        if s is None:
-            continue
+    for s in live_states():
         st = s.storage
         sid = id(st)
         if sid in seen:

@@ -41,6 +41,7 @@ _COUNTERS = metrics.COUNTERS
 TRACE_NS = metrics.pending_samples("LazyTracing", "time")  # per-op tracing time
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 _getframe = sys._getframe
+_STRIDED = torch.strided
 
 
 class LazyTensor(torch.Tensor):
@@ -215,7 +216,7 @@ def dispatch(cls, func, types, args=(), kwargs=None):
             m = sig.outs[0]
             state = TensorState(Storage((node, 0), m), m)
             if m.contiguous:  # _tensor(state), inline
-                out = _make_wrapper(LazyTensor, m.shape, dtype=m.dtype, device=DEVICE)
+                out = _make_wrapper(LazyTensor, m.shape, None, None, None, m.dtype, _STRIDED, DEVICE)
                 out._state = state
             else:
                 out = _tensor(state)
@@ -266,8 +267,8 @@ def _without_node(entry, func, info, args, kwargs):
 def _tensor(state):
     """A new LazyTensor for ``state`` (the hot path's ``LazyTensor(state)``)."""
     m = state.meta
-    if m.contiguous:
-        t = _make_wrapper(LazyTensor, m.shape, dtype=m.dtype, device=DEVICE)
+    if m.contiguous:  # positional: PyTorch parses keywords slower (size, strides, offset, format, dtype, ...)
+        t = _make_wrapper(LazyTensor, m.shape, None, None, None, m.dtype, _STRIDED, DEVICE)
     else:
         t = _make_wrapper(LazyTensor, m.shape, strides=m.stride, dtype=m.dtype, device=DEVICE)
     t._state = state
