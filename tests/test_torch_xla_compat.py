@@ -288,6 +288,8 @@ _HELPER = "VALUE = 'sibling module found'\n"
 _SCRIPT = r'''
 import importlib
 import sys
+import threading
+import time
 import numpy as np
 import torch, torch.nn as nn
 import torch.distributed as dist
@@ -330,7 +332,7 @@ def _mp_fn(index, flags):
     data = (torch.ones(flags["batch"], 4), torch.zeros(flags["batch"], dtype=torch.int64))
     loader = pl.MpDeviceLoader(xu.SampleGenerator(data=data, sample_count=3), dev)
     tracker = xm.RateTracker()
-    seen = []
+    seen, async_seen, main = [], [], threading.get_ident()
 
     def report(step, loss):
         seen.append((step, round(loss.item(), 4)))
@@ -351,10 +353,15 @@ def _mp_fn(index, flags):
         loss = step_fn(x, y)
         tracker.add(flags["batch"])
         xm.add_step_closure(report, args=(step, loss))
-        xm.add_step_closure(lambda s: print("CHECK async", s), args=(step,), run_async=True)
+        xm.add_step_closure(lambda s: async_seen.append((s, threading.get_ident() != main)), args=(step,),
+                            run_async=True)
     torch_xla.sync()
     xm.wait_device_ops()
     print("CHECK closures", seen)
+    deadline = time.time() + 20
+    while len(async_seen) < 3 and time.time() < deadline:
+        time.sleep(0.01)
+    print("CHECK async", sorted(async_seen))
     print("CHECK mesh_reduce", xm.mesh_reduce("acc", 97.5, np.mean))
     print("CHECK compiles", met.counter_value("UncachedCompile"),
           "CompileTime" in torch_xla._XLAC._xla_metrics_report())
@@ -423,7 +430,7 @@ def test_lazyxla_run_a_torch_xla_training_script(tmp_path):
     # each closure saw its own step's loss: training moves it down
     seen = eval(checks["closures"][0])
     assert [s for s, _ in seen] == [0, 1, 2] and seen[0][1] > seen[1][1] > seen[2][1]
-    assert sorted(checks["async"]) == ["0", "1", "2"]
+    assert checks["async"] == ["[(0, True), (1, True), (2, True)]"]   # each on the background thread
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("| Training")]
     assert len(lines) == 3 and lines[0].startswith("| Training Device=lazyxla:0/0 Epoch=1 Step=0 Loss=")
     assert checks["mesh_reduce"] == ["97.5"]
