@@ -365,7 +365,10 @@ def _mp_fn(index, flags):
     print("CHECK mesh_reduce", xm.mesh_reduce("acc", 97.5, np.mean))
     print("CHECK compiles", met.counter_value("UncachedCompile"),
           "CompileTime" in torch_xla._XLAC._xla_metrics_report())
-    test_utils.close_summary_writer(test_utils.get_summary_writer(None))
+    writer = test_utils.get_summary_writer(None)          # no logdir: no writer, as torch_xla
+    test_utils.write_to_summary(writer, 1, dict_to_write={"Accuracy/test": 97.5}, write_xla_metrics=True)
+    test_utils.close_summary_writer(writer)
+    xm.master_print("CHECK master", writer, xm.is_master_ordinal(local=False), test_utils.now("%Y") > "2000")
 
     def bad(x):
         y = x * 2
@@ -434,6 +437,7 @@ def test_lazyxla_run_a_torch_xla_training_script(tmp_path):
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("| Training")]
     assert len(lines) == 3 and lines[0].startswith("| Training Device=lazyxla:0/0 Epoch=1 Step=0 Loss=")
     assert checks["mesh_reduce"] == ["97.5"]
+    assert checks["master"] == ["None True True"]
     uncached, has_compile_time = checks["compiles"][0].split()
     assert has_compile_time == "True" and int(uncached) <= 4   # the step compiles at most twice (optimizer state)
     line = script.read_text().splitlines().index(
