@@ -10,7 +10,9 @@ while the current step is traced, and syncs at each batch. Each also runs with t
 every step (``loss.item()``, as a loop that logs every step does: the host then waits for
 each program, so only the loader's background thread can prepare the next batch meanwhile).
 All compile first (warm-up epochs), then run the same steps, alternating, several times; the
-median time per step of each and the ratios come from this one run.
+median time per step of each, the main thread's time per step spent getting the batch onto
+the device (the DataLoader and the upload by hand; the wait for the next uploaded batch with
+the loader, its sync excluded) and the ratios come from this one run.
 Usage: python bench/loader.py [--steps N] [--repeats R] [--batch B] [--threads T]
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lazyxla
+from lazyxla import executor
 from lazyxla.data import DeviceLoader
 
 
@@ -71,9 +74,20 @@ def train_step(model, opt, x, y):
     return loss
 
 
+WAIT = [0.0]  # main-thread time spent getting each batch onto the device (sync time excluded)
+SYNC = [0.0]  # time inside executor.sync (the loader syncs inside its next())
+
+
 def by_hand(model, opt, loader, dev, read=False):
-    for x, y in loader:
+    it = iter(loader)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            x, y = next(it)
+        except StopIteration:
+            break
         x, y = x.to(dev), y.to(dev)
+        WAIT[0] += time.perf_counter() - t0
         loss = train_step(model, opt, x, y)
         lazyxla.sync()
         if read:
@@ -82,7 +96,14 @@ def by_hand(model, opt, loader, dev, read=False):
 
 
 def with_loader(model, opt, loader, dev, read=False):
-    for x, y in DeviceLoader(loader, dev):
+    it = iter(DeviceLoader(loader, dev))
+    while True:
+        t0, s0 = time.perf_counter(), SYNC[0]
+        try:
+            x, y = next(it)
+        except StopIteration:
+            break
+        WAIT[0] += time.perf_counter() - t0 - (SYNC[0] - s0)
         loss = train_step(model, opt, x, y)
         if read:
             lazyxla.sync()
@@ -91,10 +112,23 @@ def with_loader(model, opt, loader, dev, read=False):
 
 
 def timed(fn, model, opt, loader, dev, read):
+    WAIT[0] = 0.0
     t0 = time.perf_counter()
     loss = fn(model, opt, loader, dev, read)
     lazyxla.wait_device_ops()
-    return (time.perf_counter() - t0) / len(loader), loss
+    return (time.perf_counter() - t0) / len(loader), WAIT[0] / len(loader), loss
+
+
+def _count_sync_time():
+    inner = executor.sync
+
+    def sync(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            SYNC[0] += time.perf_counter() - t0
+    executor.sync = sync
 
 
 def main(argv=None):
@@ -107,6 +141,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = lazyxla.device()
+    _count_sync_time()
     torch.manual_seed(0)
     model = resnet().to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -118,10 +153,12 @@ def main(argv=None):
     variants = [("by hand", by_hand, False), ("loader", with_loader, False),
                 ("by hand, loss read each step", by_hand, True), ("loader, loss read each step", with_loader, True)]
     times = {name: [] for name, _, _ in variants}
+    waits = {name: [] for name, _, _ in variants}
     for _ in range(args.repeats):
         for name, fn, read in variants:
-            t, loss = timed(fn, model, opt, loader, dev, read)
+            t, w, loss = timed(fn, model, opt, loader, dev, read)
             times[name].append(t)
+            waits[name].append(w)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     t0 = time.perf_counter()
     for _ in loader:
@@ -130,7 +167,8 @@ def main(argv=None):
     print(f"batch {args.batch}x3x32x32, {args.steps} steps per epoch, {args.repeats} timed epochs of each variant, "
           f"final loss {loss.item():.4f}; the DataLoader alone: {host * 1e3:.2f} ms/batch")
     for name, ts in times.items():
-        print(f"{name:30s} {med[name] * 1e3:7.2f} ms/step (epochs: {', '.join(f'{t * 1e3:.2f}' for t in ts)})")
+        print(f"{name:30s} {med[name] * 1e3:7.2f} ms/step, of which getting the batch onto the device "
+              f"{statistics.median(waits[name]) * 1e3:5.2f} ms (epochs: {', '.join(f'{t * 1e3:.2f}' for t in ts)})")
     print(f"by hand / loader: {med['by hand'] / med['loader']:.2f}x; with the loss read each step: "
           f"{med['by hand, loss read each step'] / med['loader, loss read each step']:.2f}x")
 
