@@ -2,9 +2,11 @@
 
 ``sync()`` (R4) takes the storage of every live tensor with pending IR, in arena order
 (``storage.pending()``), runs one program with ``force_ltc_data=true``, donating the buffers
-that are safe to donate (R9), and gives each storage its new device buffer; then advances
-the RNG seed and counts ``MarkStep``. ``read_values()`` (R5) runs only the tensors read,
-with ``force_ltc_data=false``, and replaces nothing. Both look the program up by its graph
+that are safe to donate (R9), and gives each storage its new device buffer (``run_pending``,
+which eager mode also runs after each op); then advances the RNG seed and counts
+``MarkStep``. ``read_values()`` (R5) runs only the tensors read, with
+``force_ltc_data=false``, and replaces nothing; inside a step that must be one program
+(``set_read_guard``) it raises before running anything. Both look the program up by its graph
 hash (``graph_hash``) in the LRU cache (``cache``), then in the persistent cache, and
 compile on a miss (``compiler``); ``execution`` runs it. ``graph_key`` and ``dump_hlo``
 (R10) answer what a sync would look up and what it would compile, compiling nothing.
@@ -112,16 +114,26 @@ def _run(prog, graph):
 
 
 # ---------------------------------------------------------------------------------------
+def run_pending():
+    """Run all pending IR as one program (donating what is safe, R9) and give each storage its
+    buffer: a sync without the end of the step (no seed advance, ``MarkStep`` or step hooks),
+    which eager mode (``lazyxla.eager``) runs after each op. Returns the program run (a
+    ``cache.CachedProgram``), or None if nothing was pending."""
+    storages, roots = pending()
+    if not roots:
+        return None
+    graph = Graph([r for _, r in roots])
+    donors = buffer_donors(graph, storages)
+    prog = lookup(graph, _key(True, roots, graph, donors), "sync", donors)
+    for st, arr in zip(storages, _run(prog, graph)):
+        st.set_data(arr)
+    return prog
+
+
 def sync(wait: bool = False):
     """R4: compile (or find) and run one program for all pending IR; replace it with data."""
     metrics.flush_pending(1024)  # a metric keeps its last XLA_METRICS_SAMPLES; reads flush the rest
-    storages, roots = pending()
-    if roots:
-        graph = Graph([r for _, r in roots])
-        donors = buffer_donors(graph, storages)
-        prog = lookup(graph, _key(True, roots, graph, donors), "sync", donors)
-        for st, arr in zip(storages, _run(prog, graph)):
-            st.set_data(arr)
+    run_pending()
     rng.mark_step()
     metrics.counter_inc("MarkStep")
     for hook in events.AFTER_STEP:
@@ -177,7 +189,7 @@ def dump_hlo(states) -> str:
 
 
 # ---------------------------------------------------------------------------------------
-# Added for the torch_xla-style APIs (``lazyxla.compiled_step``, ``lazyxla.eager``).
+# A step that must be one program (``lazyxla.compiled_step``, ``full_graph=True``).
 _READ_GUARD = [None]  # called before a value read runs a program; raises (full_graph=True)
 
 
@@ -188,18 +200,3 @@ def set_read_guard(guard):
     old = _READ_GUARD[0]
     _READ_GUARD[0] = guard
     return old
-
-
-def run_pending():
-    """Eager mode (``lazyxla.eager``): run all pending IR as one program and give each storage
-    its buffer, as ``sync`` does, without ending a step: no seed advance, no ``MarkStep``, no
-    step hooks. Returns the program run (a ``cache.CachedProgram``), or None if nothing was pending."""
-    storages, roots = pending()
-    if not roots:
-        return None
-    graph = Graph([r for _, r in roots])
-    donors = buffer_donors(graph, storages)
-    prog = lookup(graph, _key(True, roots, graph, donors), "sync", donors)
-    for st, arr in zip(storages, _run(prog, graph)):
-        st.set_data(arr)
-    return prog
