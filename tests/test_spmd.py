@@ -269,7 +269,8 @@ def test_the_persistent_cache_keeps_sharded_programs_and_a_second_process_hits(t
         runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
     first, second = runs
     assert first["UncachedCompile"] == 2 and first["PersistentCacheHit"] == 0  # the first step, then momentum
-    assert len(os.listdir(tmp_path / "cache")) == 2
+    programs = [n for n in os.listdir(tmp_path / "cache") if n != "checked-signatures"]  # remembered lowering checks
+    assert len(programs) == 2
     assert second["UncachedCompile"] == 0 and second["PersistentCacheHit"] == 2, second
     assert second["PersistentCacheDeserializeFailure"] == 0
     assert second["values"] == first["values"]  # the loaded programs compute the same steps
