@@ -232,21 +232,8 @@ _getframe = sys._getframe
 
 def user_frame(depth: int = 2):
     """(filename, lineno, function) of the innermost frame outside library code, or None."""
-    try:
-        f = _getframe(depth)
-    except ValueError:
-        return None
-    cache = _internal_code
-    while f is not None:
-        r = cache.get(f.f_code)
-        if r is None:
-            r = _is_internal(f.f_code)
-        if not r:
-            break
-        f = f.f_back
-    if f is None:
-        return None
-    return (f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+    site = user_site(depth + 1)
+    return None if site is None else resolve_site(site)
 
 
 def user_site(depth: int = 2):
