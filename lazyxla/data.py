@@ -21,10 +21,11 @@ import queue
 import threading
 
 import torch
+from torch.utils._pytree import tree_map
 
 from . import executor, xla
 from .ir import TensorMeta
-from .storage import Storage, TensorState
+from .storage import device_data
 from .tensor import LazyTensor
 
 __all__ = ["DeviceLoader", "SampleGenerator"]
@@ -49,33 +50,20 @@ class _Failed:
         self.error = error
 
 
-def _upload_tree(x):
-    """``x`` with every CPU tensor replaced by its uploaded buffer (runs in the background)."""
-    if isinstance(x, torch.Tensor):
-        if x.device.type == "cpu" and x.dtype in xla.TORCH_TO_JNP and x.layout == torch.strided:
-            return _Uploaded(xla.upload(x), TensorMeta(tuple(x.shape), x.dtype))
-        return x  # moved by the consuming thread (.to(device)), with its usual checks
-    if isinstance(x, tuple) and hasattr(x, "_fields"):
-        return type(x)(*(_upload_tree(v) for v in x))
-    if isinstance(x, (list, tuple)):
-        return type(x)(_upload_tree(v) for v in x)
-    if isinstance(x, dict):
-        return type(x)((k, _upload_tree(v)) for k, v in x.items())
-    return x
+def _upload_leaf(x):
+    """A CPU tensor as its uploaded buffer (runs in the background); anything else as it is."""
+    if isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.dtype in xla.TORCH_TO_JNP \
+            and x.layout == torch.strided:
+        return _Uploaded(xla.upload(x), TensorMeta(tuple(x.shape), x.dtype))
+    return x  # another tensor is moved by the consuming thread (.to(device)), with its usual checks
 
 
-def _device_tree(x, device):
-    """The batch as lazy tensors (runs in the consuming thread)."""
+def _device_leaf(x, device):
+    """An uploaded buffer as a lazy tensor (runs in the consuming thread)."""
     if type(x) is _Uploaded:
-        return LazyTensor(TensorState(Storage.of_data(x.array, x.meta), x.meta))
+        return LazyTensor(device_data(x.array, x.meta))
     if isinstance(x, torch.Tensor):
         return x.to(device)
-    if isinstance(x, tuple) and hasattr(x, "_fields"):
-        return type(x)(*(_device_tree(v, device) for v in x))
-    if isinstance(x, (list, tuple)):
-        return type(x)(_device_tree(v, device) for v in x)
-    if isinstance(x, dict):
-        return type(x)((k, _device_tree(v, device)) for k, v in x.items())
     return x
 
 
@@ -95,7 +83,7 @@ def _work(it, q, stop):
     frees the iterator, whose ``__del__`` stops this thread."""
     try:
         for batch in it:
-            if stop.is_set() or not _put(q, stop, _upload_tree(batch)):
+            if stop.is_set() or not _put(q, stop, tree_map(_upload_leaf, batch)):
                 return
     except BaseException as e:  # noqa: BLE001 - raised in the consuming thread
         _put(q, stop, _Failed(e))
@@ -131,7 +119,8 @@ class _Iterator:
             executor.sync()
             raise StopIteration
         self._handed += 1
-        return _device_tree(item, self._owner.device)
+        device = self._owner.device
+        return tree_map(lambda x: _device_leaf(x, device), item)
 
     def close(self):
         """Stop the background thread (a loop left early)."""

@@ -91,18 +91,12 @@ class Placeholder:
         return self.array
 
 
-def resolve(d, wait=True):
-    """The jax.Array behind a storage's data; raises if its program failed or its buffer was
-    donated. ``wait=False`` (an input to the next program) does not wait for it to be computed:
-    only a failure already known is raised."""
+def resolve(d):
+    """The computed jax.Array behind a storage's data; waits for its program, and raises if the
+    program failed or the buffer was donated. (An input to the next program is not waited for:
+    ``run``.)"""
     if type(d) is Placeholder:
-        if wait:
-            d = d.get()
-        else:
-            err = d.completion.error
-            if err is not None:
-                raise ExecutionError(str(err), err.root)
-            d = d.array
+        d = d.get()
     if d.is_deleted():
         raise ExecutionError("lazyxla: this device buffer was donated to a program "
                              "(lazyxla.set_buffer_donation) and no longer exists")
@@ -181,19 +175,18 @@ def run(executable, inputs, n_outputs: int, key_hex: str) -> list:
     global _thread
     if len(_inflight) >= MAX_INFLIGHT:
         _inflight[-MAX_INFLIGHT].wait()
-    args = []
-    failed = None
-    for d in inputs:  # resolve(d, wait=False), inline
+    done, args = None, []
+    for d in inputs:  # not waited for: only a failure already known stops the program
         if type(d) is Placeholder:
             err = d.completion.error
             if err is not None:  # named after the first failure, not after the chain that led here
-                failed = f"lazyxla: graph {key_hex} not run: an input comes from a failed graph ({err.root})"
-                done = Completion(ExecutionError(failed, err.root))
+                done = Completion(ExecutionError(
+                    f"lazyxla: graph {key_hex} not run: an input comes from a failed graph ({err.root})", err.root))
                 break
             d = d.array
         args.append(d)
     outs = None
-    if failed is None:
+    if done is None:
         t0 = _now()
         try:
             outs = executable(*args)

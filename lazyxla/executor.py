@@ -162,8 +162,8 @@ def read_values(states) -> list:
     arrays = {s.uid: v[0].data for s, v in zip(computed, values) if v[0].data is not None}
     roots = _pending_roots(computed, values)
     if roots:
-        if _READ_GUARD[0] is not None:  # lazyxla.compile(full_graph=True): raises at the user's line
-            _READ_GUARD[0]()
+        if _read_guard is not None:  # lazyxla.compile(full_graph=True): raises at the user's line
+            _read_guard()
         graph = Graph([r for _, r in roots])
         prog = lookup(graph, _key(False, roots, graph), "read")
         arrays.update(zip((uid for uid, _ in roots), _run(prog, graph)))
@@ -190,13 +190,13 @@ def dump_hlo(states) -> str:
 
 # ---------------------------------------------------------------------------------------
 # A step that must be one program (``lazyxla.compiled_step``, ``full_graph=True``).
-_READ_GUARD = [None]  # called before a value read runs a program; raises (full_graph=True)
+_read_guard = None  # called before a value read runs a program; raises (full_graph=True)
 
 
 def set_read_guard(guard):
     """While a step that must be one program is traced (``lazyxla.compile(full_graph=True)``),
     ``guard()`` is called when a value read would run a program, and raises; ``None`` lifts it.
     Returns the guard it replaces."""
-    old = _READ_GUARD[0]
-    _READ_GUARD[0] = guard
+    global _read_guard
+    old, _read_guard = _read_guard, guard
     return old

@@ -213,8 +213,7 @@ _INTERNAL_DIRS = tuple(
     os.path.dirname(m.__file__) + os.sep
     for m in (torch, sys.modules[__name__.rsplit(".", 1)[0]], threading, os)
 )
-INTERNAL_CODE: dict = {}  # code object -> whether it is library code (not the user's)
-_internal_code = INTERNAL_CODE
+_internal_code: dict = {}  # code object -> whether it is library code (not the user's)
 
 
 def _is_internal(code) -> bool:

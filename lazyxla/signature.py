@@ -20,12 +20,12 @@ persistent cache's remembered checks.
 """
 from __future__ import annotations
 
+import functools
+import os
+
 import jax
 import torch
 from torch._ops import OpOverload
-
-import functools
-import os
 
 from . import lowering, persistent_cache
 from .config import __version__, env_flag
@@ -101,12 +101,12 @@ def op_info(func) -> FuncInfo:
 SCALAR_TYPES = (int, float, bool)
 
 
-def is_special(v) -> bool:
-    return (not NO_SPECIAL_SCALARS) and (v == 0 or v == 1 or v == -1)
-
-
-# ``v in SPECIAL_SCALARS`` is ``is_special(v)`` for a Python scalar, without a call
+# The special scalars (R1.5); the warm path tests ``v in SPECIAL_SCALARS`` inline.
 SPECIAL_SCALARS = () if NO_SPECIAL_SCALARS else (0, 1, -1)
+
+
+def is_special(v) -> bool:
+    return v in SPECIAL_SCALARS
 
 
 # ---------------------------------------------------------------------------------------

@@ -102,22 +102,16 @@ def constrained(value, meta, sharding):
 # counters, or every 2**14 new states): no Python callback on each tensor's death, and the
 # creation and destruction counters are settled then too.
 LIVE: dict = {}
-_ids = itertools.count(1)
-
-
+_ids = itertools.count(1)  # next() is atomic: ids stay unique when states are made on several threads
 _last_uid = 0      # the id of the newest state (CreateXlaTensor is settled from it when read)
 _counted_uid = 0   # the newest state already counted in CreateXlaTensor
 
 
 def prune():
-    """Drop the references of dead states; count them (DestroyXlaTensor), and the states
-    made since the last count (CreateXlaTensor)."""
+    """Drop the references of dead states and count them (DestroyXlaTensor, in
+    ``live_states``); count the states made since the last count (CreateXlaTensor)."""
     global _counted_uid
-    dead = [ref for ref in list(LIVE) if ref() is None]
-    for ref in dead:
-        LIVE.pop(ref, None)
-    if dead:
-        _counters["DestroyXlaTensor"] = _counters.get("DestroyXlaTensor", 0) + len(dead)
+    live_states()
     made, _counted_uid = _last_uid - _counted_uid, _last_uid
     if made:
         _counters["CreateXlaTensor"] = _counters.get("CreateXlaTensor", 0) + made
@@ -299,7 +293,7 @@ def view_on_host(host, chain):
 
 
 def live_states() -> list:
-    """Live states in creation order."""
+    """Live states in creation order; the references of dead ones are dropped (and counted)."""
     out = []
     dead = 0
     for ref in list(LIVE):
@@ -351,7 +345,12 @@ def upload(host) -> TensorState:
                            f"(at {fmt_where(user_frame(1))}); use .to_dense()")
     host = host.detach()
     meta = TensorMeta(host.shape, host.dtype)
-    return TensorState(Storage.of_data(_upload_array(host), meta), meta)
+    return device_data(_upload_array(host), meta)
+
+
+def device_data(array, meta: TensorMeta) -> TensorState:
+    """A new tensor's state whose value is the device buffer ``array`` (no IR)."""
+    return TensorState(Storage.of_data(array, meta), meta)
 
 
 SCALAR_LEAVES: dict = {}  # (Python type, value, dtype) -> device-data IR value

@@ -21,7 +21,6 @@ May touch: lazy tensors and their states, the RNG chain, the tracing metrics.
 from __future__ import annotations
 
 import copy
-import sys
 import warnings
 
 import torch
@@ -29,7 +28,7 @@ import torch
 from . import eager, metrics, rng
 from .device import DEVICE
 from .executor import read_values
-from .ir import INTERNAL_CODE as _INTERNAL_CODE, Node, OpSig, fmt_where, user_frame, user_site
+from .ir import Node, OpSig, fmt_where, user_frame, user_site
 from .ops import Record, become, decompose, fallback, special_for
 from .errors import LazyXlaError
 from .signature import SCALAR_TYPES, SPECIAL_SCALARS, is_special, new_entry, op_info
@@ -40,7 +39,6 @@ _now = metrics.now_ns
 _COUNTERS = metrics.COUNTERS
 TRACE_NS = metrics.pending_samples("LazyTracing", "time")  # per-op tracing time
 _make_wrapper = torch.Tensor._make_wrapper_subclass
-_getframe = sys._getframe
 _STRIDED = torch.strided
 
 
@@ -51,11 +49,7 @@ class LazyTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, state: TensorState, requires_grad=False):
-        m = state.meta
-        t = _make_wrapper(cls, m.shape, strides=m.stride, dtype=m.dtype, device=DEVICE,
-                          requires_grad=requires_grad)
-        t._state = state
-        return t
+        return _tensor(state, requires_grad)
 
     def __init__(self, *a, **k):
         pass
@@ -184,7 +178,7 @@ def dispatch(cls, func, types, args=(), kwargs=None):
     key = tuple(key)
     entry = _SIGS.get(key)
     if entry is None:
-        entry = _SIGS[key] = new_entry(func, info, args, kwargs, user_frame(1))
+        entry = _SIGS[key] = new_entry(func, info, args, kwargs, user_frame(2))
     if entry.mode != "node":
         return _done(_without_node(entry, func, info, args, kwargs))
     c = info.counter
@@ -204,22 +198,11 @@ def dispatch(cls, func, types, args=(), kwargs=None):
     from_storage = False
     if func is _AS_STRIDED and kind == "view":
         sig, vals, from_storage = _as_strided_on_storage(args, kwargs, sig, vals)
-    try:  # the op's caller: the user's line when its code is known to be the user's (user_site,
-        f = _getframe(1)  # inline); otherwise user_site walks out of library code
-        c = f.f_code
-        where = (c, f.f_lasti) if _INTERNAL_CODE.get(c) is False else user_site(1)
-    except ValueError:  # no Python caller (PyTorch's autograd device thread)
-        where = None
-    node = Node(sig, vals, where)
+    node = Node(sig, vals, user_site(2))  # dispatch's caller, or the first user frame out of it
     if kind == "functional":
         if entry.returns == "one":
             m = sig.outs[0]
-            state = TensorState(Storage((node, 0), m), m)
-            if m.contiguous:  # _tensor(state), inline
-                out = _make_wrapper(LazyTensor, m.shape, None, None, None, m.dtype, _STRIDED, DEVICE)
-                out._state = state
-            else:
-                out = _tensor(state)
+            out = _tensor(TensorState(Storage((node, 0), m), m))
         else:
             out = _as_returned([_tensor(fresh((node, i), m)) for i, m in enumerate(sig.outs)], entry.returns)
         if entry.pattern is not None:
@@ -264,13 +247,13 @@ def _without_node(entry, func, info, args, kwargs):
     return wrap(fallback(func, info, args, kwargs))
 
 
-def _tensor(state):
-    """A new LazyTensor for ``state`` (the hot path's ``LazyTensor(state)``)."""
+def _tensor(state, requires_grad=False):
+    """A new LazyTensor for ``state``, without a Python constructor call. Arguments by position
+    (size, strides, offset, memory format, dtype, layout, device, pin_memory, requires_grad):
+    PyTorch parses keywords slower; no strides for a contiguous tensor (PyTorch's default)."""
     m = state.meta
-    if m.contiguous:  # positional: PyTorch parses keywords slower (size, strides, offset, format, dtype, ...)
-        t = _make_wrapper(LazyTensor, m.shape, None, None, None, m.dtype, _STRIDED, DEVICE)
-    else:
-        t = _make_wrapper(LazyTensor, m.shape, strides=m.stride, dtype=m.dtype, device=DEVICE)
+    t = _make_wrapper(LazyTensor, m.shape, None if m.contiguous else m.stride, None, None, m.dtype, _STRIDED,
+                      DEVICE, False, requires_grad)
     t._state = state
     return t
 

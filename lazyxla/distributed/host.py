@@ -21,6 +21,7 @@ import io
 import itertools
 
 import torch
+from torch.utils._pytree import tree_map
 
 from .. import jax_internals
 from ..config import env_str
@@ -49,14 +50,9 @@ def launch(fn, args=(), nprocs=None, start_method: str = "spawn"):
 
 
 def host_copy(x):
-    """``x`` with every tensor on the device read to the CPU (tuples, lists, dicts kept)."""
-    if isinstance(x, torch.Tensor):
-        return x.cpu() if x.device.type != "cpu" else x
-    if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
-        return type(x)(host_copy(v) for v in x)
-    if isinstance(x, dict):
-        return type(x)((k, host_copy(v)) for k, v in x.items())
-    return x
+    """``x`` with every tensor on the device read to the CPU (containers kept, as torch's pytree
+    sees them)."""
+    return tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) and t.device.type != "cpu" else t, x)
 
 
 def mesh_reduce(tag: str, data, reduce_fn, timeout: int = 300):
