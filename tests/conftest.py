@@ -1,11 +1,14 @@
 """Shared fixtures. ``nothing_pending``: nothing pending from an earlier test leaks into the
-next one (test files that count compiles use it for every test, with ``pytestmark``)."""
+next one (test files that count compiles use it for every test, with ``pytestmark``).
+``torch_config_unchanged`` (every test): a test that leaves one of torch's settings changed
+fails there, not in whichever later test meets the setting."""
 import gc
 import sys
 
 import pytest
 
 import lazyxla
+from lazyhelp import config_changes, torch_config
 
 
 @pytest.fixture
@@ -16,3 +19,14 @@ def nothing_pending():
     lazyxla.sync()
     lazyxla.wait_device_ops()
     yield
+
+
+@pytest.fixture(autouse=True)
+def torch_config_unchanged():
+    # change torch's settings with torch's own patching (torch._dynamo.config.patch(...)), which
+    # restores them; a monkeypatched or deleted setting outlives the test (pytest 9.2's undo
+    # deletes an attribute a module serves through __getattr__)
+    before = torch_config()
+    yield
+    changed = config_changes(before, torch_config())
+    assert not changed, "this test left torch's settings changed:\n  " + "\n  ".join(changed)

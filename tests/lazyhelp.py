@@ -11,3 +11,31 @@ def samples(name) -> int:
     """How many samples a metric has, 0 when it has none."""
     d = met.metric_data(name)
     return d[0] if d else 0
+
+
+def torch_config() -> dict:
+    """Every setting of torch's config modules imported so far (``torch._dynamo.config``,
+    ``torch._inductor.config``, ...), as ``{"module.name": value}``, read as torch code reads it:
+    a setting that reading refuses (one deleted from its module) is ``"<missing: ...>"``."""
+    import sys
+    import warnings
+    from torch.utils._config_module import ConfigModule
+
+    seen = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # a deprecated setting warns when read
+        for modname, mod in list(sys.modules.items()):
+            if not isinstance(mod, ConfigModule):
+                continue
+            for key in mod.get_config_copy():
+                try:
+                    seen[f"{modname}.{key}"] = getattr(mod, key)
+                except AttributeError as e:
+                    seen[f"{modname}.{key}"] = f"<missing: {e}>"
+    return seen
+
+
+def config_changes(before: dict, after: dict) -> list[str]:
+    """The settings that differ between two ``torch_config()`` readings (one imported later
+    is not a change)."""
+    return [f"{k}: {before[k]!r} -> {after[k]!r}" for k in before if k in after and after[k] != before[k]]

@@ -10,14 +10,16 @@ import copy
 
 import pytest
 import torch
+import torch._dynamo  # its config module, read before any test of this file runs
 import torch.nn as nn
 import torch.nn.functional as F
 
 import lazyxla
-from lazyhelp import cnt
+from lazyhelp import cnt, config_changes, torch_config
 from test_zoo import MODELS, OPTS, STEPS, batch, loss_of
 
 DEV = lazyxla.device()
+CONFIG_AT_IMPORT = torch_config()   # torch's settings before any test of this file ran
 pytestmark = pytest.mark.usefixtures("nothing_pending")
 
 
@@ -95,15 +97,16 @@ def test_a_whole_compiled_step_trains_like_eager_as_one_program(kind, opt):
     _compare(kind, opt, "step")
 
 
-def test_a_whole_compiled_step_with_compiled_autograd(monkeypatch):
-    monkeypatch.setattr(torch._dynamo.config, "compiled_autograd", True)
-    _compare("mlp", "sgd", "step")
+def test_a_whole_compiled_step_with_compiled_autograd():
+    # torch's own patching restores the setting on exit (see the last test of this file)
+    with torch._dynamo.config.patch(compiled_autograd=True):
+        _compare("mlp", "sgd", "step")
 
 
-def test_a_whole_compiled_step_with_backward_traced_into_the_graph(monkeypatch):
+@torch._dynamo.config.patch(trace_autograd_ops=True)
+def test_a_whole_compiled_step_with_backward_traced_into_the_graph():
     # Dynamo traces backward() into the step's graph: forward and backward are one region, the
     # optimizer step (which breaks the graph on purpose) the other
-    monkeypatch.setattr(torch._dynamo.config, "trace_autograd_ops", True)
     torch.manual_seed(0)
     ref = MODELS["mlp"]()
     lz = copy.deepcopy(ref).to(DEV)
@@ -417,3 +420,15 @@ def test_buffer_donation_works_through_torch_compile():
     aliased = met.metric_data("InputOutputAliasCount")[2][-1][1]
     assert aliased >= 4  # weight, bias and their momentum buffers updated in place
     assert torch.isfinite(m.weight.cpu()).all()  # the donated buffers' tensors still read
+
+
+def test_torch_config_is_as_the_patching_tests_found_it():
+    # runs after the tests above that patch compiled_autograd and trace_autograd_ops: both
+    # settings still exist with the values they had before this file's tests, and a later
+    # torch.compile works (a deleted setting failed every later compile of the process)
+    cfg = torch._dynamo.config
+    for name in ("compiled_autograd", "trace_autograd_ops"):
+        assert getattr(cfg, name) == CONFIG_AT_IMPORT[f"torch._dynamo.config.{name}"], name
+    assert not config_changes(CONFIG_AT_IMPORT, torch_config())
+    f = torch.compile(lambda a: a * 2 + 1, backend="lazyxla")
+    assert f(torch.ones(3, device=DEV)).cpu().tolist() == [3.0, 3.0, 3.0]
