@@ -3,8 +3,10 @@
 JAX dispatches a program on the CPU asynchronously: the call returns its output arrays at
 once and XLA's threads compute them, so tracing the next step overlaps this one. ``run``
 calls a program and returns one ``Placeholder`` per output; one completion thread waits
-on each program in order, to record ``ExecuteTime`` and to catch a failure, which
-surfaces at the next ``wait_device_ops()`` or value read, naming the graph's hash. At most
+on each program in order (on one of its outputs: an execution makes them ready together), to
+record ``ExecuteTime`` and to catch a failure, which surfaces at the next
+``wait_device_ops()`` or value read, naming the graph's hash. A replay's program is not
+handed to the thread (``run(timed=False)``): whoever waits looks at its outputs. At most
 ``MAX_INFLIGHT`` programs are in flight (torch_xla's device lock allows one), so a runaway
 queue cannot pin many steps' buffers.
 
@@ -16,12 +18,15 @@ from __future__ import annotations
 import atexit
 import threading
 from collections import deque
+from itertools import repeat
+from operator import is_ as _is
 from queue import SimpleQueue
 
 from . import metrics
 
 _now = metrics.now_ns
 MAX_INFLIGHT = 2
+_ran_and_failed = False  # a dispatched program failed while running (its outputs are not None)
 _inflight = deque()  # completions not yet waited on by wait_device_ops, oldest first
 _last_done = 0  # when the previous program finished (ExecuteTime counts from then if later)
 
@@ -42,30 +47,59 @@ explain_failure = None
 
 class Completion:
     """One dispatched program's end: ``error`` (an ExecutionError, or None) once it is done.
-    A lock held until then is the whole mechanism (cheaper than a Future on every sync)."""
+    A lock held until the completion thread finishes it is the whole mechanism (cheaper than a
+    Future on every sync). A *polled* completion (``outs`` given) has no thread: whoever asks
+    looks at the program's outputs, which an execution makes ready together."""
 
-    __slots__ = ("_lock", "error")
+    __slots__ = ("_lock", "error", "_outs", "_key_hex")
 
-    def __init__(self, error=None):
+    def __init__(self, error=None, outs=None, key_hex=None):
         self.error = error
-        self._lock = threading.Lock()
-        if error is None:
+        self._outs = outs
+        self._key_hex = key_hex
+        self._lock = None
+        if error is None and outs is None:
+            self._lock = threading.Lock()
             self._lock.acquire()
 
     def finish(self, error=None):
+        global _ran_and_failed
         self.error = error
+        if error is not None:
+            _ran_and_failed = True
         self._lock.release()
 
     def done(self) -> bool:
-        return not self._lock.locked()
+        outs = self._outs
+        if outs is not None:
+            a = _representative(outs)
+            return a is None or a.is_ready()
+        return self._lock is None or not self._lock.locked()
 
     def wait(self):
         """The program's error or None, once it has finished."""
+        global _ran_and_failed
+        outs = self._outs
+        if outs is not None:
+            a = _representative(outs)
+            self.error = None if a is None else _await((a,), self._key_hex, None)
+            self._outs = None
+            if self.error is not None:
+                _ran_and_failed = True
+            return self.error
         lock = self._lock
-        if lock.locked():
+        if lock is not None and lock.locked():
             lock.acquire()
             lock.release()
         return self.error
+
+
+def _representative(outs):
+    """An output of a program that is still there (the others may have been donated onward)."""
+    for a in reversed(outs):
+        if not a.is_deleted():
+            return a
+    return None
 
 
 class Placeholder:
@@ -116,7 +150,8 @@ def _completions():
             return
         done, outs, key_hex, t0 = item
         try:
-            err = _await(outs, key_hex, t0)
+            a = _representative(outs)  # one wake per program, not one per output
+            err = _await(() if a is None else (a,), key_hex, t0)
         except BaseException as e:  # noqa: BLE001 - never leave a completion unfinished
             err = ExecutionError(_failure_text(key_hex, e))
         done.finish(err)
@@ -132,7 +167,8 @@ atexit.register(_drain_at_exit)
 
 
 def _await(outs, key_hex, t0):
-    """Wait until ``outs`` are computed; the failure, if the program failed."""
+    """Wait until ``outs`` are computed; the failure, if the program failed. ``t0``: the
+    dispatch time, for ``ExecuteTime`` (None: not timed)."""
     for a in outs:
         try:
             a.block_until_ready()
@@ -140,6 +176,8 @@ def _await(outs, key_hex, t0):
             if a.is_deleted():
                 continue  # donated to a later program, which waits on it (and fails if it failed)
             return ExecutionError(_failure_text(key_hex, e))
+    if t0 is None:
+        return None
     global _last_done
     t1 = _now()
     metrics.metric_add("ExecuteTime", t1 - max(t0, _last_done), "time")
@@ -168,23 +206,26 @@ def wait_device_ops():
         raise ExecutionError(str(first)) from None
 
 
-def run(executable, inputs, n_outputs: int, key_hex: str) -> list:
+def run(executable, inputs, n_outputs: int, key_hex: str, timed: bool = True) -> list:
     """Call ``executable`` on the buffers ``inputs`` (storage data: arrays or Placeholders);
     returns one Placeholder per output, at once. A failure to dispatch surfaces at the next
-    wait or read, as one while running does."""
+    wait or read, as one while running does. ``timed=False`` (a replay): no completion thread
+    waits on the program, so no ``ExecuteTime`` sample; whoever waits looks at its outputs (a
+    thread woken per program costs a replay more than its own host work)."""
     global _thread
     if len(_inflight) >= MAX_INFLIGHT:
         _inflight[-MAX_INFLIGHT].wait()
-    done, args = None, []
-    for d in inputs:  # not waited for: only a failure already known stops the program
-        if type(d) is Placeholder:
-            err = d.completion.error
+    done = None
+    # not waited for: only a failure already known stops the program. A program that never ran
+    # left placeholders without arrays; one that failed running is known by its completion.
+    args = [d.array if type(d) is Placeholder else d for d in inputs]
+    if _ran_and_failed or any(map(_is, args, repeat(None))):
+        for d in inputs:
+            err = d.completion.error if type(d) is Placeholder else None
             if err is not None:  # named after the first failure, not after the chain that led here
                 done = Completion(ExecutionError(
                     f"lazyxla: graph {key_hex} not run: an input comes from a failed graph ({err.root})", err.root))
                 break
-            d = d.array
-        args.append(d)
     outs = None
     if done is None:
         t0 = _now()
@@ -196,11 +237,14 @@ def run(executable, inputs, n_outputs: int, key_hex: str) -> list:
                                  "(lazyxla.set_buffer_donation) and no longer exists")
             done = Completion(ExecutionError(_failure_text(key_hex, e)))
         else:
-            done = Completion()
-            if _thread is None:
-                _thread = threading.Thread(target=_completions, name="lazyxla-exec", daemon=True)
-                _thread.start()
-            _queue.put((done, outs, key_hex, t0))
+            if not timed:
+                done = Completion(outs=outs, key_hex=key_hex)
+            else:
+                done = Completion()
+                if _thread is None:
+                    _thread = threading.Thread(target=_completions, name="lazyxla-exec", daemon=True)
+                    _thread.start()
+                _queue.put((done, outs, key_hex, t0))
     while _inflight and _inflight[0].done() and _inflight[0].error is None:
         _inflight.popleft()  # finished cleanly: nothing to report
     _inflight.append(done)
