@@ -1,7 +1,9 @@
 """Warm training step: lazyxla against the same model written in jax.jit and PyTorch eager.
 
 MLP 784-512-512-10, batch 128, SGD with momentum 0.9, cross-entropy. Prints ms per step for
-each system and the ratios, all measured in this one run. ``--explain`` adds a lazyxla run
+each system and the ratios, all measured in this one run: jax.jit, lazyxla's lazy path,
+PyTorch eager, the step captured once and replayed (``lazyxla.graph``), and jax.jit returning
+the loss and every gradient too (what PyTorch's step leaves live, so what a replay returns). ``--explain`` adds a lazyxla run
 with LAZYXLA_EXPLAIN_RECOMPILES on and reports that ratio too.
 
 Then it says where lazyxla's step goes, from three more runs:
@@ -81,6 +83,18 @@ def bench_lazyxla(n):
         train_step(*state)
         lazyxla.sync()
     return time_loop(step, n, lazyxla.wait_device_ops)
+
+
+def bench_replay(n):
+    """The same step captured once (``lazyxla.graph``) and replayed: no Python per op."""
+    import lazyxla
+    model, opt, x, y = setup(lazyxla.device())
+    train_step(model, opt, x, y)  # warm up: the momentum buffers appear
+    lazyxla.sync()
+    g = lazyxla.Graph()
+    with lazyxla.graph(g):
+        train_step(model, opt, x, y)
+    return time_loop(g.replay, n, lazyxla.wait_device_ops)
 
 
 def bench_lazyxla_explaining(n):
@@ -239,8 +253,9 @@ def main(argv=None):
                     help="also run lazyxla with LAZYXLA_EXPLAIN_RECOMPILES on and report that ratio")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the runs that say where the step goes")
     args = ap.parse_args(argv)
-    results = {"jax.jit": [], "lazyxla": [], "eager": []}
-    fns = {"jax.jit": bench_jax, "lazyxla": bench_lazyxla, "eager": bench_eager}
+    results = {"jax.jit": [], "lazyxla": [], "eager": [], "replay": [], "jax.jit+grads": []}
+    fns = {"jax.jit": bench_jax, "lazyxla": bench_lazyxla, "eager": bench_eager, "replay": bench_replay,
+           "jax.jit+grads": lambda n: bench_jax(n, same_outputs=True)}
     if args.explain:
         results["lazyxla+explain"] = []
         fns["lazyxla+explain"] = bench_lazyxla_explaining
@@ -249,9 +264,12 @@ def main(argv=None):
             results[k].append(f(args.steps))
     med = {k: statistics.median(v) for k, v in results.items()}
     for k, v in med.items():
-        print(f"{k:8s} {v:7.3f} ms/step  (runs: {', '.join(f'{x:.3f}' for x in results[k])})")
+        print(f"{k:13s} {v:7.3f} ms/step  (runs: {', '.join(f'{x:.3f}' for x in results[k])})")
     print(f"ratio lazyxla/jax.jit = {med['lazyxla'] / med['jax.jit']:.3f}")
     print(f"ratio lazyxla/eager   = {med['lazyxla'] / med['eager']:.3f}")
+    print(f"ratio replay/jax.jit  = {med['replay'] / med['jax.jit']:.3f} (issue 22's target: <= 1.05); against "
+          f"jax.jit returning the loss and grads too, as PyTorch's step leaves them: "
+          f"{med['replay'] / med['jax.jit+grads']:.3f}")
     if args.explain:
         print(f"ratio lazyxla with/without LAZYXLA_EXPLAIN_RECOMPILES = "
               f"{med['lazyxla+explain'] / med['lazyxla']:.3f}")

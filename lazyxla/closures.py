@@ -92,6 +92,23 @@ def add_step_closure(fn, args=(), run_async: bool = False) -> None:
         (_ASYNC if run_async else _SYNC).append((fn, args))
 
 
+def take_closures() -> tuple:
+    """The closures queued so far, removed from the queue: (sync ones, async ones), each a list
+    of (fn, args). A graph capture (``replay``) keeps those its step added, for every replay."""
+    with _LOCK:
+        out = (_SYNC[:], _ASYNC[:])
+        _SYNC.clear()
+        _ASYNC.clear()
+    return out
+
+
+def queue_closures(sync_ones, async_ones) -> None:
+    """Queue closures taken by ``take_closures`` again, for the end of the current step."""
+    with _LOCK:
+        _SYNC.extend(sync_ones)
+        _ASYNC.extend(async_ones)
+
+
 def pending_closures() -> int:
     """How many closures wait for the end of the step."""
     return len(_SYNC) + len(_ASYNC)

@@ -12,44 +12,20 @@ a program (``print``, ``.item()``, ``.cpu()``, ``bool(t)``, a CPU fallback op ..
 inside ``executor.read_values``, in the thread that entered the step). Reading a tensor that
 is already device data runs nothing and is allowed. ``name`` names the step in that message.
 
+``compile(fn, replay=True)`` captures the step once and replays its program (``replay``).
+
 May touch: eager mode's switch and the executor's read guard, for the step's duration.
 """
 from __future__ import annotations
 
 import functools
-import sys
 import threading
 
 from . import eager, executor
+from .config import env_int
 from .errors import LazyXlaError
 from .ir import fmt_where, user_frame
-
-# What a value read is, by the lazyxla function that asked for it (the caller of read_values).
-_READS = {
-    "__repr__": "print()/repr() of a tensor",
-    "_local_scalar_dense": ".item() (a Python number from a tensor: item(), float(), int(), bool(), an if on it)",
-    "_to_copy": ".cpu() / .to('cpu') (a copy to the host)",
-    "_copy_": "a copy into a CPU tensor",
-    "tolist": ".tolist()",
-    "numpy": ".numpy()",
-    "fallback": "an op without a lowering, which runs on the CPU",
-}
-
-
-def _what_read() -> str:
-    f = sys._getframe(1)
-    while f is not None and f.f_code.co_name != "read_values":
-        f = f.f_back
-    caller = f.f_back if f is not None else None
-    if caller is None:
-        return "a value read"
-    name = caller.f_code.co_name
-    if name == "fallback":
-        info = caller.f_locals.get("info")
-        op = getattr(info, "name", None)
-        if op:
-            return f"{op} (no lowering: it runs on the CPU, reading its inputs)"
-    return _READS.get(name, f"a value read ({name})")
+from .replay import ReplayedStep
 
 
 class _Step:
@@ -66,7 +42,7 @@ class _Step:
         where = user_frame(2)
         step = f" {self.name!r}" if self.name else ""
         raise LazyXlaError(
-            f"lazyxla.compile(full_graph=True): step{step} reads a value at {fmt_where(where)}: {_what_read()}; "
+            f"lazyxla.compile(full_graph=True): step{step} reads a value at {fmt_where(where)}: {executor.describe_read()}; "
             f"that would run a program inside a step that must be one program. Read it after the step, or "
             f"look at it in lazyxla.add_step_closure(fn, args), which runs after the step's program")
 
@@ -101,10 +77,26 @@ class _Step:
         return stepped
 
 
-def compile(fn=None, full_graph: bool = False, name: str | None = None):  # noqa: A001 - torch_xla's name
+# LAZYXLA_REPLAY_CHECK_EVERY=N: a replayed step traces and checks every N-th replay (read once)
+CHECK_EVERY = env_int("LAZYXLA_REPLAY_CHECK_EVERY", 0)
+
+
+def compile(fn=None, full_graph: bool = False, name: str | None = None, replay: bool = False,  # noqa: A001
+            check_every: int | None = None):
     """``fn`` wrapped so that each call is one step (synced before and after, one program);
     without ``fn``, a context manager and decorator doing the same. ``full_graph=True``: a value
-    read inside the step raises ``LazyXlaError`` at the user's line instead of running a program."""
+    read inside the step raises ``LazyXlaError`` at the user's line instead of running a program.
+
+    ``replay=True`` (a wrapper or decorator only): the step is captured once and its program
+    replayed with each call's arguments (``replay.ReplayedStep``); the first replays are traced
+    again and checked, then every ``check_every``-th (default ``LAZYXLA_REPLAY_CHECK_EVERY``, 0:
+    no more)."""
+    every = CHECK_EVERY if check_every is None else int(check_every)
+    if replay:
+        def replayed(f):
+            step_name = name or getattr(f, "__name__", None)
+            return ReplayedStep(f, _Step(full_graph, step_name)(f), step_name, check_every=every)
+        return replayed if fn is None else replayed(fn)
     if fn is None:
         return _Step(full_graph, name)
     return _Step(full_graph, name or getattr(fn, "__name__", None))(fn)

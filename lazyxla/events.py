@@ -9,6 +9,8 @@ A subscriber is any object with some of these methods (each optional):
 - ``after_capture(region, why, key_hex, where, n_ops)``: a torch.compile region was traced and
   captured (``capture``): ``why`` says what made this trace happen (Dynamo's guard failures
   for a Dynamo recompile, new input shapes, or its first call).
+- ``after_graph_capture(step, why, key_hex, where)``: ``lazyxla.compile(step, replay=True)``
+  captured its step (``replay``): ``why`` is "first capture", or what made it capture again.
 
 ``cause`` is ``"sync"`` or ``"read"``. Subscribers are added explicitly (``subscribe``), in one
 place: ``lazyxla.debug.install()``, which ``import lazyxla`` calls. May touch: its own lists.
@@ -19,12 +21,14 @@ BEFORE_COMPILE: list = []
 AFTER_LOOKUP: list = []
 AFTER_STEP: list = []
 AFTER_CAPTURE: list = []
+AFTER_GRAPH_CAPTURE: list = []
 
 
 def subscribe(subscriber) -> None:
     """Add ``subscriber``'s methods to the lists of those it has (once)."""
     for name, hooks in (("before_compile", BEFORE_COMPILE), ("after_lookup", AFTER_LOOKUP),
-                        ("after_step", AFTER_STEP), ("after_capture", AFTER_CAPTURE)):
+                        ("after_step", AFTER_STEP), ("after_capture", AFTER_CAPTURE),
+                        ("after_graph_capture", AFTER_GRAPH_CAPTURE)):
         fn = getattr(subscriber, name, None)
         if fn is not None and fn not in hooks:
             hooks.append(fn)

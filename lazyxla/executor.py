@@ -10,6 +10,9 @@ which eager mode also runs after each op); then advances the RNG seed and counts
 hash (``graph_hash``) in the LRU cache (``cache``), then in the persistent cache, and
 compile on a miss (``compiler``); ``execution`` runs it. ``graph_key`` and ``dump_hlo``
 (R10) answer what a sync would look up and what it would compile, compiling nothing.
+A graph capture (``replay``) runs a sync's first half, ``plan_pending`` (collect, hash,
+donation plan, lookup or compile), and a replay its last, ``end_step``; while a step is
+captured, ``set_capture_guard`` makes every value read and sync raise.
 
 Works on tensor states (``storage.TensorState``), never on torch tensors. May touch:
 storages (their new buffers), the compilation caches, the RNG state, metrics, and the
@@ -17,12 +20,14 @@ subscribers in ``events``.
 """
 from __future__ import annotations
 
+import sys
+
 from . import events, metrics, persistent_cache, rng
 from .cache import CachedProgram, computation_cache
 from .compiler import compile_graph, hlo_text, specs
 from .config import env_flag
 from .execution import resolve, run, wait_device_ops  # noqa: F401  (wait_device_ops: API)
-from .graph import Graph
+from .collect import Graph
 from .graph_hash import KeyRequest, compute
 from .storage import pending, reads_on_host, view_on_host
 from .errors import LazyXlaError
@@ -114,30 +119,48 @@ def _run(prog, graph):
 
 
 # ---------------------------------------------------------------------------------------
-def run_pending():
-    """Run all pending IR as one program (donating what is safe, R9) and give each storage its
-    buffer: a sync without the end of the step (no seed advance, ``MarkStep`` or step hooks),
-    which eager mode (``lazyxla.eager``) runs after each op. Returns the program run (a
-    ``cache.CachedProgram``), or None if nothing was pending."""
+def plan_pending(cause="sync"):
+    """What a sync of all pending IR runs, found or compiled but not run: (storages, graph,
+    program), the storages in arena order (the program's outputs, in that order), or None if
+    nothing is pending. A graph capture (``replay``) stops here; a sync runs it."""
     storages, roots = pending()
     if not roots:
         return None
     graph = Graph([r for _, r in roots])
     donors = buffer_donors(graph, storages)
-    prog = lookup(graph, _key(True, roots, graph, donors), "sync", donors)
+    return storages, graph, lookup(graph, _key(True, roots, graph, donors), cause, donors)
+
+
+def run_pending():
+    """Run all pending IR as one program (donating what is safe, R9) and give each storage its
+    buffer: a sync without the end of the step (no seed advance, ``MarkStep`` or step hooks),
+    which eager mode (``lazyxla.eager``) runs after each op. Returns the program run (a
+    ``cache.CachedProgram``), or None if nothing was pending."""
+    plan = plan_pending()
+    if plan is None:
+        return None
+    storages, graph, prog = plan
     for st, arr in zip(storages, _run(prog, graph)):
         st.set_data(arr)
     return prog
 
 
-def sync(wait: bool = False):
-    """R4: compile (or find) and run one program for all pending IR; replace it with data."""
-    metrics.flush_pending(1024)  # a metric keeps its last XLA_METRICS_SAMPLES; reads flush the rest
-    run_pending()
+def end_step():
+    """The end of a step, after its program was dispatched: the seed moves on (R8), ``MarkStep``
+    is counted and the step's subscribers run (step closures)."""
     rng.mark_step()
     metrics.counter_inc("MarkStep")
     for hook in events.AFTER_STEP:
         hook()
+
+
+def sync(wait: bool = False):
+    """R4: compile (or find) and run one program for all pending IR; replace it with data."""
+    if _capture_guard is not None:
+        _capture_guard("lazyxla.sync() (a step barrier)")
+    metrics.flush_pending(1024)  # a metric keeps its last XLA_METRICS_SAMPLES; reads flush the rest
+    run_pending()
+    end_step()
     if wait:
         wait_device_ops()
 
@@ -155,6 +178,8 @@ def _pending_roots(states, values):
 def read_values(states) -> list:
     """R5: the tensors' values on the host, as CPU tensors; pending IR is computed but kept.
     A view of device data (after a sync) is its storage's value viewed on the host."""
+    if _capture_guard is not None:
+        _capture_guard(None)
     metrics.flush_pending(1024)
     on_host = [reads_on_host(s) for s in states]
     computed = [s for s, h in zip(states, on_host) if not h]
@@ -189,8 +214,50 @@ def dump_hlo(states) -> str:
 
 
 # ---------------------------------------------------------------------------------------
+# What a value read is, by the lazyxla function that asked for it (the caller of read_values).
+_READS = {
+    "__repr__": "print()/repr() of a tensor",
+    "_local_scalar_dense": ".item() (a Python number from a tensor: item(), float(), int(), bool(), an if on it)",
+    "_to_copy": ".cpu() / .to('cpu') (a copy to the host)",
+    "_copy_": "a copy into a CPU tensor",
+    "tolist": ".tolist()",
+    "numpy": ".numpy()",
+    "fallback": "an op without a lowering, which runs on the CPU",
+}
+
+
+def describe_read() -> str:
+    """What is reading a value, said by the lazyxla function that called ``read_values``
+    (for a refusal's message)."""
+    f = sys._getframe(1)
+    while f is not None and f.f_code.co_name != "read_values":
+        f = f.f_back
+    caller = f.f_back if f is not None else None
+    if caller is None:
+        return "a value read"
+    name = caller.f_code.co_name
+    if name == "fallback":
+        info = caller.f_locals.get("info")
+        op = getattr(info, "name", None)
+        if op:
+            return f"{op} (no lowering: it runs on the CPU, reading its inputs)"
+    return _READS.get(name, f"a value read ({name})")
+
+
+# ---------------------------------------------------------------------------------------
 # A step that must be one program (``lazyxla.compiled_step``, ``full_graph=True``).
 _read_guard = None  # called before a value read runs a program; raises (full_graph=True)
+
+
+_capture_guard = None  # called with what is asked (None: a value read) while a step is captured
+
+
+def set_capture_guard(guard):
+    """While a step is captured (``replay``), ``guard(what)`` is called before any value read
+    or sync and raises; ``None`` lifts it. Returns the guard it replaces."""
+    global _capture_guard
+    old, _capture_guard = _capture_guard, guard
+    return old
 
 
 def set_read_guard(guard):

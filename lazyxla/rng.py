@@ -53,6 +53,11 @@ def set_current(value):
     _seed_ir = value
 
 
+def pending() -> bool:
+    """Whether random ops were recorded since the last step (the seed is pending IR)."""
+    return _seed_ir is not None and _seed_ir[0].data is None
+
+
 def mark_step():
     global _seed, _seed_ir
     _seed = (1012031 + _seed * 7012063) & _M64

@@ -19,6 +19,10 @@ Every lazy tensor (``tensor.LazyTensor``, the torch-facing object) carries one
   (``reads_on_host``, ``view_on_host``): after a sync, every live tensor reads without a
   program.
 
+Two counters let a replayed step (``replay``) check in O(1) that nothing changed under it:
+``PENDING_BORN`` (a storage got pending IR) and ``REBOUND`` (a tensor took another storage);
+while a step is captured, ``upload_hook`` hears of every upload.
+
 May touch: storages and states, the arena, the transfer metrics and the tensor counters.
 Knows nothing about torch ops, compiling or running programs.
 """
@@ -42,6 +46,14 @@ SHARDING_OP = "xla::sharding"  # torch_xla's custom-call name for a sharding ann
 _weakref = weakref.ref
 _counters = metrics.COUNTERS
 
+# Moves on whenever a storage gets pending IR (a new op's output, an in-place write), never
+# for device data: a replayed step (``replay``) knows from it alone, without walking the
+# arena, that nothing was recorded since it last looked.
+PENDING_BORN = 0
+# Moves on whenever a tensor takes another storage (``set_``, ``.data =``, in-place view ops):
+# a replay checks its tensors' bindings again only then.
+REBOUND = 0
+
 
 class Storage:
     """The value shared by a tensor and all its aliases. ``sharding`` (SPMD): the layout the
@@ -50,12 +62,15 @@ class Storage:
     __slots__ = ("ir", "data", "version", "meta", "donate", "sharding", "__weakref__")
 
     def __init__(self, ir, meta, data=None):
+        global PENDING_BORN
         self.ir = ir
         self.data = data
         self.meta = meta
         self.version = 0
         self.donate = False
         self.sharding = None
+        if ir is not None:
+            PENDING_BORN += 1
 
     @staticmethod
     def of_data(array, meta):
@@ -64,18 +79,37 @@ class Storage:
         return st
 
     def set_ir(self, value):
+        global PENDING_BORN
         if self.sharding is not None:  # an annotated tensor keeps its layout when written
             value = constrained(value, self.meta, self.sharding)
         self.ir = value
         self.data = None
         self.version += 1
+        if value[0].data is None:  # a copy of device data (copy_) records no op
+            PENDING_BORN += 1
 
-    def set_data(self, array):
-        """The storage's value is now this device buffer (after a sync)."""
-        self.ir = (data_leaf(array, self.meta, _weakref(self), sharding_tag(array)), 0)
+    def set_data(self, array, shared=False):
+        """The storage's value is now this device buffer (after a sync). ``shared``: another
+        storage holds the same buffer, so it must never be donated through this one (the
+        leaf gets no owner)."""
+        self.ir = (data_leaf(array, self.meta, None if shared else _weakref(self), sharding_tag(array)), 0)
         self.data = array
         self.version += 1
         self.donate = False  # a user's donation mark belongs to the old buffer
+
+    def take_output(self, array, sig, owner):
+        """``set_data`` for a replay's output, whose leaf signature (``ir.data_sig`` of this
+        storage's meta) and owner reference (a weakref to this storage) are known already."""
+        self.ir = (Node(sig, (), None, array, owner), 0)
+        self.data = array
+        self.version += 1
+        self.donate = False
+
+    def restore(self, ir, data):
+        """Put back a value this storage had before (a graph capture that ran nothing)."""
+        self.ir = ir
+        self.data = data
+        self.version += 1  # never back: views rebuild their IR from the restored value
 
 
 _SHARDING_SIGS: dict = {}
@@ -168,8 +202,17 @@ class TensorState:
     def become(self, other: "TensorState"):
         """Take ``other``'s storage, view and meta, keeping this tensor's id (``set_``,
         ``.data =``, in-place view ops)."""
+        global REBOUND
+        REBOUND += 1
         self.storage, self.chain, self.ir, self.version, self.meta = \
             other.storage, other.chain, other.ir, other.version, other.meta
+
+    def rebind(self, storage: Storage, chain, meta):
+        """Be again the view ``chain`` of ``storage`` with ``meta`` (what a graph capture puts
+        back when its step made the tensor another's alias)."""
+        global REBOUND
+        REBOUND += 1
+        self.storage, self.chain, self.meta, self.ir, self.version = storage, chain, meta, None, -1
 
     def write(self, value):
         """Make ``value`` (an IR value of this tensor's meta) the new value of the tensor and
@@ -336,6 +379,9 @@ def set_donation(state: TensorState, donate: bool) -> bool:
 
 # ---------------------------------------------------------------------------------------
 # Device data.
+upload_hook = None  # while a step is captured: called as upload_hook(host, state) after each upload
+
+
 def upload(host) -> TensorState:
     """A CPU tensor's value as device data, at once (no IR): a new tensor's state."""
     if host.dtype not in TORCH_TO_JNP:
@@ -343,9 +389,12 @@ def upload(host) -> TensorState:
     if host.layout != torch.strided:
         raise LazyXlaError(f"lazyxla does not support {host.layout} tensors, only dense ones "
                            f"(at {fmt_where(user_frame(1))}); use .to_dense()")
-    host = host.detach()
+    src, host = host, host.detach()
     meta = TensorMeta(host.shape, host.dtype)
-    return device_data(_upload_array(host), meta)
+    state = device_data(_upload_array(host), meta)
+    if upload_hook is not None:
+        upload_hook(src, state)
+    return state
 
 
 def device_data(array, meta: TensorMeta) -> TensorState:

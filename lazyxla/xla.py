@@ -106,6 +106,8 @@ def sharding_tag(data):
     if not _spmd:
         return None
     array = getattr(data, "array", data)
+    if array is None:  # a placeholder of a program that never ran
+        return None
     return hlo_sharding_text(array.sharding, array.ndim)
 
 
@@ -168,6 +170,11 @@ def _download(a, dt):
             t = t.to(dt)
     metrics.metric_add("OutboundData", npa.nbytes, "bytes")
     return t
+
+
+def copy_array(a):
+    """A new device buffer with ``a``'s value (for a program that consumes its input)."""
+    return jnp.array(a, copy=True)
 
 
 def scalar_array(value, dtype: torch.dtype):

@@ -1,5 +1,6 @@
 """A data-parallel job for tests/test_multiprocess.py, launched as
 ``python mp_job.py spawn OUT`` (lazyxla.distributed.spawn, 2 processes), under
+``python mp_job.py replay OUT`` (the step captured and replayed in both processes),
 ``torchrun --nproc_per_node=2 mp_job.py torchrun OUT`` (then also torch.distributed and DDP,
 written to ``OUT.ddp.<rank>.json``), ``... mp_job.py ranks OUT`` (ranks and one all-reduce), or ``python mp_job.py die OUT``
 (process 1 dies mid-training), or ``python mp_job.py spmd OUT`` (SPMD over 2 processes x 2
@@ -66,6 +67,42 @@ def train(index, out):
            "min": xd.all_reduce(xd.REDUCE_MIN, t).cpu().tolist(),
            "gather": xd.all_gather(t[:2] * 1, dim=0).cpu().tolist(),
            "scatter": xd.reduce_scatter(xd.REDUCE_SUM, t, 1.0, 0, n).cpu().tolist()}
+    xd.rendezvous("done")
+    with open(f"{out}.{r}.json", "w") as f:
+        json.dump(res, f)
+
+
+def train_replay(index, out):
+    """The data-parallel step captured once (``lazyxla.graph``) and replayed in every process:
+    the all-reduce of ``optimizer_step`` is inside the replayed program."""
+    D = lazyxla.device()
+    n, r = xr.world_size(), xr.global_ordinal()
+    m = model().to(D)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(m(x), y).backward()
+        xd.optimizer_step(opt)
+
+    def part(i):
+        x, y = data(i)
+        return x.chunk(n)[r].to(D), y.chunk(n)[r].to(D)
+
+    step(*part(0))
+    lazyxla.sync()
+    sx, sy = part(1)
+    g = lazyxla.Graph()
+    with lazyxla.graph(g):
+        step(sx, sy)
+    e0 = met.counter_value("ExecuteComputation")
+    for i in range(1, 5):
+        x, y = part(i)
+        sx.copy_(x)
+        sy.copy_(y)
+        g.replay()
+    res = {"rank": r, "params": [p.cpu().tolist() for p in m.parameters()], "hash": g.graph_hash,
+           "replays": met.counter_value("GraphReplay"), "executions": met.counter_value("ExecuteComputation") - e0}
     xd.rendezvous("done")
     with open(f"{out}.{r}.json", "w") as f:
         json.dump(res, f)
@@ -179,6 +216,8 @@ if __name__ == "__main__":
                        "sum": xd.all_reduce(xd.REDUCE_SUM, t).cpu().item()}, f)
     elif mode == "spawn":
         xd.spawn(train, args=(out,), nprocs=2)
+    elif mode == "replay":
+        xd.spawn(train_replay, args=(out,), nprocs=2)
     elif mode == "spmd":
         os.environ["CPU_NUM_DEVICES"] = "2"  # 2 processes x 2 devices: one mesh of 4
         xd.spawn(train_spmd, args=(out,), nprocs=2)

@@ -56,6 +56,18 @@ def test_spawned_processes_train_data_parallel_like_one_process_on_the_whole_bat
     assert [r["rank"] for r in spawned] == [0, 1] and [r["local"] for r in spawned] == [0, 1]
 
 
+def test_a_captured_data_parallel_step_replays_in_every_process_like_one_on_the_whole_batch(tmp_path):
+    out = str(tmp_path / "out")
+    r, results = _launch([sys.executable, "mp_job.py", "replay", out], out)
+    assert r.returncode == 0 and all(results), r.stderr[-4000:]
+    ref = mp_job.reference()
+    for res in results:
+        err = max((torch.tensor(a) - torch.tensor(b)).abs().max().item() for a, b in zip(res["params"], ref))
+        assert err < 1e-5, err
+        assert res["replays"] == 4 and res["executions"] == 4  # the all-reduce runs inside the replayed program
+    assert results[0]["hash"] == results[1]["hash"]
+
+
 def test_collectives_give_every_process_the_same_numbers(spawned):
     for res in spawned:  # process r holds [r + 1] * 4
         assert res["sum"] == [1.5] * 4  # (1 + 2) * 0.5

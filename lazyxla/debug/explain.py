@@ -9,7 +9,9 @@ differs, and the record names its op, its old and new shape, dtype or constant, 
 user's line that recorded it.
 
 A torch.compile region that Dynamo hands over again (a guard failed: a new batch size, a
-new dtype) is a record of its own, site ``"dynamo"``, with Dynamo's guard failures as its text.
+new dtype) is a record of its own, site ``"dynamo"``, with Dynamo's guard failures as its text;
+a step of ``lazyxla.compile(fn, replay=True)`` captured again (new arguments, a stale binding)
+is one of site ``"replay"``, with the reason.
 
 ``recompile_log()`` returns the records; ``LAZYXLA_EXPLAIN_RECOMPILES=1`` prints each one
 as it happens. ``Recorder`` is the subscriber (``events``) that keeps the history; it reads
@@ -36,7 +38,8 @@ class RecompileRecord:
     hash: str                  # the new key
     closest: str | None        # the closest earlier key
     compile_ns: int            # what the compile cost
-    cause: str                 # "sync" or "read"; "dynamo": a torch.compile region traced again
+    cause: str                 # "sync", "read" or "capture"; "dynamo": a torch.compile region traced
+    #                            again; "replay": a step of lazyxla.compile(replay=True) captured again
     where: tuple | None = None  # the user's line behind the first difference, if known
     trace: object = field(default=None, repr=False)
     sites: tuple = ()          # every merge site that differs from the closest key, in R3's order
@@ -373,6 +376,15 @@ class Recorder:
             return  # nothing was compiled before it: not a recompile
         rec = RecompileRecord(len(_LOG) + 1, "dynamo", f"torch.compile region {region} traced again ({n_ops} "
                               f"ops): {why}", key_hex, None, 0, "dynamo", where)
+        _LOG.append(rec)
+        if EXPLAIN:
+            print(str(rec), file=sys.stderr)
+
+    def after_graph_capture(self, step, why, key_hex, where):
+        if why == "first capture":
+            return
+        rec = RecompileRecord(len(_LOG) + 1, "replay", f"lazyxla.compile({step}, replay=True) captured its step "
+                              f"again: {why}", key_hex, None, 0, "replay", where)
         _LOG.append(rec)
         if EXPLAIN:
             print(str(rec), file=sys.stderr)

@@ -35,6 +35,7 @@ DASH = "-" * 80
 CAUSES = {
     "sync": "user lazyxla.sync",
     "read": "most likely user code trying to access tensor value before lazyxla.sync",
+    "capture": "a step captured for replay (lazyxla.graph, lazyxla.compile(replay=True))",
 }
 
 

@@ -1,0 +1,255 @@
+"""Where the host bounds the step: a deep, narrow MLP at several depths, every way lazyxla runs it.
+
+Width 64, batch 16, SGD with momentum 0.9, cross-entropy; tensors so small that the device's
+work is nothing and a step's time is the host's. For each depth (default 2, 8 and 32 hidden
+layers), in this one run, ms per step of:
+- jax.jit: the same step written in JAX (donating parameters and momentum), returning the new
+  parameters, momentum and the loss;
+- jax.jit+grads: the same, also returning every gradient: what PyTorch's step leaves live
+  (each ``.grad`` after ``backward()``), so what lazyxla's program must compute and return;
+- eager: PyTorch on the CPU;
+- lazy: lazyxla's lazy path (record every op, ``lazyxla.sync()``);
+- compile-step: ``torch.compile(train_step, backend="lazyxla")``, one sync per step;
+- compile-model: ``torch.compile(model, backend="lazyxla")``, backward and step as usual;
+- replay: the step captured once with ``lazyxla.graph`` and ``g.replay()`` per step;
+- replay-step: ``lazyxla.compile(train_step, replay=True)`` called per step (its checks done).
+Then each row's ratio to jax.jit and what it adds per layer (the slope between the smallest and
+the largest depth), and where a replay's time goes (binding the buffers, JAX's dispatch, the
+outputs and the end of the step). Each row is the median over ``--repeats`` interleaved runs.
+Issue 22's target: replay <= 1.5x jax.jit at every depth.
+Usage: python bench/hostcost.py [--depths 2,8,32] [--steps N] [--repeats R] [--only ROWS]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+WIDTH, BATCH = 64, 16
+
+
+def make_model(depth):
+    torch.manual_seed(0)
+    layers = [nn.Linear(WIDTH, WIDTH)]
+    for _ in range(depth - 1):
+        layers += [nn.ReLU(), nn.Linear(WIDTH, WIDTH)]
+    return nn.Sequential(*layers)
+
+
+def make_batch():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(BATCH, WIDTH, generator=g), torch.randint(0, WIDTH, (BATCH,), generator=g)
+
+
+def train_step(model, opt, x, y):
+    opt.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def time_loop(step, n, finish, warm=5):
+    for _ in range(warm):
+        step()
+    finish()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    finish()
+    return (time.perf_counter() - t0) / n * 1e3
+
+
+def _opt(model):
+    return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+# -- the rows ---------------------------------------------------------------------------------
+def row_jax(depth, n, live_grads=False):
+    import jax
+    import jax.numpy as jnp
+    jax.config.update("jax_enable_x64", True)
+    model = make_model(depth)
+    params = [(jnp.asarray(m.weight.detach().numpy()), jnp.asarray(m.bias.detach().numpy()))
+              for m in model if isinstance(m, nn.Linear)]
+    mom = jax.tree_util.tree_map(jnp.zeros_like, params)
+    x, y = (jnp.asarray(t.numpy()) for t in make_batch())
+
+    def loss_fn(params, x, y):
+        h = x
+        for i, (w, b) in enumerate(params):
+            h = h @ w.T + b
+            if i < len(params) - 1:
+                h = jax.nn.relu(h)
+        logp = jax.nn.log_softmax(h)
+        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+    def update(params, mom, x, y):
+        loss, g = jax.value_and_grad(loss_fn)(params, x, y)
+        mom = jax.tree_util.tree_map(lambda m, gg: 0.9 * m + gg, mom, g)
+        params = jax.tree_util.tree_map(lambda p, m: p - 0.01 * m, params, mom)
+        return (params, mom, loss, g) if live_grads else (params, mom, loss, None)
+
+    update = jax.jit(update, donate_argnums=(0, 1))
+    state = [params, mom, None, None]
+
+    def step():
+        state[0], state[1], state[2], state[3] = update(state[0], state[1], x, y)
+    return time_loop(step, n, lambda: jax.block_until_ready(state))
+
+
+def row_jax_grads(depth, n):
+    return row_jax(depth, n, live_grads=True)
+
+
+def row_eager(depth, n):
+    model = make_model(depth)
+    opt = _opt(model)
+    x, y = make_batch()
+    return time_loop(lambda: train_step(model, opt, x, y), n, lambda: None)
+
+
+def _lazy_state(depth):
+    import lazyxla
+    dev = lazyxla.device()
+    model = make_model(depth).to(dev)
+    x, y = (t.to(dev) for t in make_batch())
+    return lazyxla, model, _opt(model), x, y
+
+
+def row_lazy(depth, n):
+    lazyxla, model, opt, x, y = _lazy_state(depth)
+
+    def step():
+        train_step(model, opt, x, y)
+        lazyxla.sync()
+    return time_loop(step, n, lazyxla.wait_device_ops)
+
+
+def row_compile_step(depth, n):
+    lazyxla, model, opt, x, y = _lazy_state(depth)
+    cstep = torch.compile(train_step, backend="lazyxla")
+
+    def step():
+        cstep(model, opt, x, y)
+        lazyxla.sync()
+    return time_loop(step, n, lazyxla.wait_device_ops)
+
+
+def row_compile_model(depth, n):
+    lazyxla, model, opt, x, y = _lazy_state(depth)
+    cmodel = torch.compile(model, backend="lazyxla")
+
+    def step():
+        train_step(cmodel, opt, x, y)
+        lazyxla.sync()
+    return time_loop(step, n, lazyxla.wait_device_ops)
+
+
+def _captured(depth):
+    lazyxla, model, opt, x, y = _lazy_state(depth)
+    train_step(model, opt, x, y)  # warm up: the momentum buffers appear
+    lazyxla.sync()
+    g = lazyxla.Graph()
+    with lazyxla.graph(g):
+        train_step(model, opt, x, y)
+    return lazyxla, g
+
+
+def row_replay(depth, n):
+    lazyxla, g = _captured(depth)
+    return time_loop(g.replay, n, lazyxla.wait_device_ops)
+
+
+def row_replay_step(depth, n):
+    lazyxla, model, opt, x, y = _lazy_state(depth)
+    step = lazyxla.compile(lambda x, y: train_step(model, opt, x, y), replay=True)
+    for _ in range(4):  # lazy, capture, the two checked replays
+        step(x, y)
+    return time_loop(lambda: step(x, y), n, lazyxla.wait_device_ops)
+
+
+ROWS = {"jax.jit": row_jax, "jax.jit+grads": row_jax_grads, "eager": row_eager, "lazy": row_lazy, "compile-step": row_compile_step,
+        "compile-model": row_compile_model, "replay": row_replay, "replay-step": row_replay_step}
+
+
+def replay_phases(depth, n):
+    """A replay's own parts, each replay waited for (ms, medians): binding, the dispatch
+    (execution.run: JAX's call and the completion queue), the outputs and the end of the step."""
+    from lazyxla import replay as rp
+    lazyxla, g = _captured(depth)
+    b = g._binding
+    spent = {}
+    saved_run, saved_end = rp.run, b._end_step
+
+    def run(*a, **k):
+        t = time.perf_counter()
+        out = saved_run(*a, **k)
+        spent["dispatch"] = time.perf_counter() - t
+        spent["t_run_end"] = time.perf_counter()
+        return out
+
+    def end():
+        t = time.perf_counter()
+        spent["outputs"] = t - spent["t_run_end"]
+        saved_end()
+        spent["end of step"] = time.perf_counter() - t
+
+    rows = []
+    rp.run, b._end_step = run, end
+    try:
+        for i in range(n + 5):
+            t0 = time.perf_counter()
+            g.replay()
+            total = time.perf_counter() - t0
+            lazyxla.wait_device_ops()
+            if i >= 5:
+                rest = total - spent["dispatch"] - spent["outputs"] - spent["end of step"]
+                rows.append({"binding and checks": rest, "dispatch": spent["dispatch"], "outputs": spent["outputs"],
+                             "end of step": spent["end of step"], "total": total})
+    finally:
+        rp.run = saved_run
+        del b._end_step
+    return {k: statistics.median(r[k] for r in rows) * 1e3 for k in rows[0]}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--depths", default="2,8,32")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", default=",".join(ROWS))
+    args = ap.parse_args(argv)
+    depths = [int(d) for d in args.depths.split(",")]
+    names = [r for r in args.only.split(",") if r in ROWS]
+    if "jax.jit" not in names:
+        names.insert(0, "jax.jit")
+    times = {(r, d): [] for r in names for d in depths}
+    for _ in range(args.repeats):
+        for d in depths:
+            for r in names:
+                times[(r, d)].append(ROWS[r](d, args.steps))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"deep narrow MLP (width {WIDTH}, batch {BATCH}, SGD momentum), ms per step "
+          f"(median of {args.repeats}), x jax.jit in brackets")
+    print(f"{'':15}" + "".join(f"{'depth ' + str(d):>20}" for d in depths) + f"{'per layer':>20}")
+    lo, hi = depths[0], depths[-1]
+    for r in names:
+        cells = "".join(f"{med[(r, d)]:10.3f} ({med[(r, d)] / med[('jax.jit', d)]:5.2f}x)" for d in depths)
+        slope = (med[(r, hi)] - med[(r, lo)]) / (hi - lo) if hi != lo else float("nan")
+        jslope = (med[("jax.jit", hi)] - med[("jax.jit", lo)]) / (hi - lo) if hi != lo else float("nan")
+        print(f"{r:15}{cells}{slope:11.4f} ({slope / jslope if jslope else float('nan'):5.2f}x)")
+    if "replay" in names:
+        print("\nwhere a replay's time goes (ms, each replay waited for, medians):")
+        for d in depths:
+            ph = replay_phases(d, args.steps)
+            print(f"  depth {d:3}: " + ", ".join(f"{k} {v:.3f}" for k, v in ph.items()))
+
+
+if __name__ == "__main__":
+    main()
