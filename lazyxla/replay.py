@@ -40,7 +40,7 @@ import threading
 import warnings
 import weakref
 from itertools import repeat
-from operator import is_ as _is
+from operator import is_ as _is, itemgetter
 
 import numpy as np
 import torch
@@ -130,22 +130,52 @@ def _where_used(graph, leaves):
     return found
 
 
-def _hyperparameters(opt):
-    """What an optimizer's step reads from Python besides its tensors: per param group, every
-    number (and tuple of numbers), and the identity of every tensor-valued setting."""
-    out = []
-    for g in opt.param_groups:
-        d = {}
-        for k, v in g.items():
-            if k == "params":
-                continue
-            if isinstance(v, torch.Tensor):
-                d[k] = ("tensor", id(v))
-            elif isinstance(v, (bool, int, float)) or (isinstance(v, tuple) and all(
-                    isinstance(x, (bool, int, float)) for x in v)):
-                d[k] = v
-        out.append(d)
-    return out
+def _is_number(v) -> bool:
+    return isinstance(v, (bool, int, float)) or (type(v) is tuple and all(isinstance(x, (bool, int, float)) for x in v))
+
+
+class _Settings:
+    """What an optimizer's step reads from Python besides its tensors, as a capture saw it: per
+    param group, its numbers (and tuples of numbers: ``betas``) and which tensor each
+    tensor-valued setting (a tensor ``lr``) is. ``changed()`` says what differs now."""
+
+    __slots__ = ("ref", "cls", "groups")
+
+    def __init__(self, opt):
+        self.ref = _weakref(opt)
+        self.cls = type(opt).__name__
+        self.groups = []
+        for g in opt.param_groups:
+            keys = tuple(k for k, v in g.items() if k != "params" and _is_number(v))
+            tensors = tuple((k, v) for k, v in g.items() if isinstance(v, torch.Tensor))
+            self.groups.append((keys, itemgetter(*keys) if keys else None, tuple(g[k] for k in keys), tensors))
+
+    def changed(self):
+        """None while the optimizer's settings are the captured ones (or it is gone), else what changed."""
+        opt = self.ref()
+        if opt is None:
+            return None
+        pgs = opt.param_groups
+        if len(pgs) != len(self.groups):
+            return f"{self.cls} has {len(pgs)} param groups now, {len(self.groups)} at the capture"
+        for i, (g, (keys, get, values, tensors)) in enumerate(zip(pgs, self.groups)):
+            try:
+                now = get(g) if get is not None else None
+            except KeyError:
+                now = None
+            if get is not None and (now if len(keys) > 1 else (now,)) != values:
+                for k, v in zip(keys, values):
+                    if g.get(k) != v:
+                        return f"{self.cls}.param_groups[{i}][{k!r}] is {g.get(k)!r} now, {v!r} at the capture"
+            for k, t in tensors:
+                if g.get(k) is not t:
+                    return f"{self.cls}.param_groups[{i}][{k!r}] is another tensor now than at the capture"
+        return None
+
+
+def _state_keys(opt):
+    """Which state an optimizer holds, per parameter (the keys of ``opt.state[p]``)."""
+    return {id(p): tuple(s) for p, s in opt.state.items()}
 
 
 class _Capture:
@@ -185,11 +215,13 @@ class _Capture:
                 self.cpu_args[i] = a
         self.uploaded = {}      # id(leaf) -> (leaf, flat index of the CPU argument it uploads)
         self.modules = {}       # id(module) -> (weakref, training)
-        self.optimizers = {}    # id(optimizer) -> (weakref, hyperparameters)
+        self.optimizers = {}    # id(optimizer) -> (the optimizer, its _Settings)
         self.old_guard = executor.set_capture_guard(self._refuse)
         self.old_upload_hook, storage.upload_hook = storage.upload_hook, self._on_upload
         self.hooks = [_optim.register_optimizer_step_pre_hook(self._on_optimizer_step),
+                      _optim.register_optimizer_step_post_hook(self._after_optimizer_step),
                       nn.modules.module.register_module_forward_pre_hook(self._on_module_call)]
+        self.opt_state = {}     # id(optimizer) -> its state's keys per parameter, before its step
         self.queued = closures.take_closures()  # none, after the sync; kept apart from the step's own
         _ACTIVE = self
 
@@ -225,7 +257,18 @@ class _Capture:
                 f"Attempting lazyxla graph capture of step() for an instance of {type(opt).__name__} but "
                 f"param_groups' capturable is False (at {fmt_where(user_frame(2))}): its step count lives on "
                 f"the CPU and would be frozen into every replay. Build it with capturable=True")
-        self.optimizers.setdefault(id(opt), (_weakref(opt), _hyperparameters(opt)))
+        if id(opt) not in self.optimizers:
+            self.optimizers[id(opt)] = (opt, _Settings(opt))
+        self.opt_state[id(opt)] = _state_keys(opt)
+
+    def _after_optimizer_step(self, opt, args, kwargs):
+        if not self._mine() or _state_keys(opt) == self.opt_state.get(id(opt)):
+            return
+        raise LazyXlaError(
+            f"{self.what}: {type(opt).__name__}.step() made its state inside the capture (its first step, at "
+            f"{fmt_where(user_frame(2))}): every replay would run that first step again (a fresh momentum, a step "
+            f"count of 1). Run one step before the capture, as CUDA Graphs' warm-up does "
+            f"(lazyxla.compile(fn, replay=True) does it for you)")
 
     def _on_module_call(self, module, args):
         if self._mine():
@@ -301,7 +344,7 @@ class Binding:
         self.what = cap.what
         self.closures = step_closures
         self.modules = list(cap.modules.values())
-        self.optimizers = list(cap.optimizers.values())
+        self.optimizers = [s for _, s in cap.optimizers.values()]
         self.rebound_seen = storage.REBOUND
         self.frozen = []
         if prog is None:
@@ -353,6 +396,7 @@ class Binding:
         self.kinds = kinds
         bound = {id(r()) for r in self.t_refs}
         self.watched = [(_weakref(s), _weakref(st)) for s, st, _, _ in cap.states if id(st) in bound]
+        self.layouts = [(r, r().sharding) for r in self.t_refs]  # SPMD: the annotations it was compiled for
         self._describe_frozen(graph, frozen_leaves, before)
         # outputs: the storages a sync would have given buffers, in the program's order
         self.o_refs = [_weakref(st) for st in storages]
@@ -393,15 +437,12 @@ class Binding:
                 raise StaleBinding(
                     f"{self.what}: {type(m).__name__}.training is {m.training}, but the step was captured with "
                     f"{training} (model.train()/model.eval() after the capture); capture the step again for it")
-        for ref, hp in self.optimizers:
-            opt = ref()
-            if opt is None:
-                continue
-            now = _hyperparameters(opt)
-            if now != hp:
-                raise StaleBinding(f"{self.what}: {_changed_hyperparameter(type(opt).__name__, hp, now)}; the "
-                                   f"captured program holds the old value. Use a tensor (lr=torch.tensor(..., "
-                                   f"device=lazyxla.device()), changed with fill_) or capture again")
+        for settings in self.optimizers:
+            why = settings.changed()
+            if why is not None:
+                raise StaleBinding(f"{self.what}: {why}; the captured program holds the old value. Use a tensor "
+                                   f"(lr=torch.tensor(..., device=lazyxla.device()), changed with fill_) or capture "
+                                   f"again")
 
     def _check_bindings(self):
         for ref, st in self.watched:
@@ -409,6 +450,12 @@ class Binding:
             if s is not None and s.storage is not st():
                 raise StaleBinding(f"{self.what}: a tensor the step reads ({s.meta!r}) was rebound to another "
                                    f"storage after the capture (p.data = ..., set_()); capture the step again")
+        for ref, layout in self.layouts:
+            st = ref()
+            if st is not None and st.sharding is not layout:
+                raise StaleBinding(f"{self.what}: a tensor the step reads ({st.meta!r}) was laid out anew after the "
+                                   f"capture (mark_sharding / clear_sharding); its program was compiled for the old "
+                                   f"layout: capture the step again")
         self.rebound_seen = storage.REBOUND
 
     def _freed(self):
@@ -419,22 +466,13 @@ class Binding:
                                     f"reads alive (or capture again)")
         return None
 
-    def check(self):
-        """Raise ``StaleBinding`` if a replay now would not bind what the capture bound."""
-        if storage.REBOUND != self.rebound_seen:
-            self._check_bindings()
-        if self.modules or self.optimizers:
-            self._check_watches()
-        err = self._freed()
-        if err is not None:
-            raise err
-
     # -- replay --------------------------------------------------------------------------------
     def replay(self, arg_states=(), cpu_arrays=()):
         """Run the program on the buffers bound now; give every output storage its new buffer;
         end the step. ``arg_states``/``cpu_arrays``: a ReplayedStep call's arguments (the
         states of its lazy tensors and the uploads of its CPU tensors, by flat index).
-        Returns the output placeholders (in the program's order), or None for an empty step."""
+        Returns the output placeholders (in the program's order), or None for an empty step.
+        Raises ``StaleBinding`` before anything runs if it cannot bind what the capture bound."""
         if _ACTIVE is not None:
             raise LazyXlaError(f"{self.what}: a replay inside a capture ({_ACTIVE.what}) is not possible")
         _settle()
@@ -551,14 +589,6 @@ def _short(v):
     return repr(v.item()) if v.ndim == 0 else f"{v.dtype}{list(v.shape)}"
 
 
-def _changed_hyperparameter(cls, old, new):
-    for i, (a, b) in enumerate(zip(old, new)):
-        for k in sorted(set(a) | set(b)):
-            if a.get(k) != b.get(k):
-                return f"{cls}.param_groups[{i}][{k!r}] is {b.get(k)!r} now, {a.get(k)!r} at the capture"
-    return f"{cls} has {len(new)} param groups now, {len(old)} at the capture"
-
-
 # =========================================================================================
 # PyTorch CUDA Graphs' names.
 class Graph:
@@ -641,6 +671,9 @@ class graph:  # noqa: N801 - torch.cuda.graph's name
 
 # =========================================================================================
 # lazyxla.compile(fn, replay=True)
+_FLAT = {LazyTensor, torch.Tensor, int, float, bool, str, type(None)}
+
+
 def _arg_key(a, i, storages):
     """What a call's argument contributes to the key of its capture."""
     if type(a) is LazyTensor:
@@ -713,7 +746,10 @@ class ReplayedStep:
         return f"lazyxla.compile({self.name}, replay=True)"
 
     def __call__(self, *args, **kwargs):
-        flat, spec = pytree.tree_flatten((args, kwargs))
+        if kwargs or not all(type(a) in _FLAT for a in args):
+            flat, spec = pytree.tree_flatten((args, kwargs))
+        else:  # the common call: tensors and numbers, no containers
+            flat, spec = args, len(args)
         storages = {}
         key = (spec, tuple(_arg_key(a, i, storages) for i, a in enumerate(flat)))
         sig = self._sigs.get(key)
@@ -732,14 +768,13 @@ class ReplayedStep:
         if n <= self.checks or (self.check_every and (n - self.checks) % self.check_every == 0):
             return self._checked(sig, key, flat, args, kwargs)
         try:
-            sig.binding.check()
-        except StaleBinding as e:
+            return self._replay(sig, flat)
+        except StaleBinding as e:  # nothing ran
             sig.binding = None
             if self.captures >= self.max_captures:
                 raise
             _COUNTERS["GraphRecapture"] = _COUNTERS.get("GraphRecapture", 0) + 1
             return self._capture(sig, key, flat, args, kwargs, str(e))
-        return self._replay(sig, flat)
 
     def _new_signature_reason(self, key):
         old = self._last_key
@@ -788,6 +823,10 @@ class ReplayedStep:
 
     @staticmethod
     def _recipe(binding, cap, out):
+        """How each call builds the step's result from a replay: per returned leaf, a new tensor
+        from an output the step made (``out``), the call's own argument (``arg``), or the very
+        object the capture returned (``same``); and the result's tree spec (None: one new
+        tensor)."""
         leaves, spec = pytree.tree_flatten(out)
         recipe, shared = [], []
         for leaf in leaves:
@@ -805,6 +844,8 @@ class ReplayedStep:
                 recipe.append(("same", leaf))
         if shared:
             binding.share_outputs(shared)
+        if spec.is_leaf() and recipe and recipe[0][0] == "out":
+            return recipe, None
         return recipe, spec
 
     def _replay(self, sig, flat):
@@ -814,6 +855,9 @@ class ReplayedStep:
         for i in set(b.c_idx) if b.prog is not None else ():
             cpu[i] = storage.upload(flat[i]).storage.data
         outs = b.replay(arg_states, cpu)
+        if sig.spec is None:  # one tensor returned, made by the step
+            _, k, chain, meta = sig.outputs[0]
+            return LazyTensor(_fresh_output(outs, k, chain, meta, b))
         result = []
         for r in sig.outputs:
             if r[0] == "out":

@@ -50,8 +50,8 @@ _counters = metrics.COUNTERS
 # for device data: a replayed step (``replay``) knows from it alone, without walking the
 # arena, that nothing was recorded since it last looked.
 PENDING_BORN = 0
-# Moves on whenever a tensor takes another storage (``set_``, ``.data =``, in-place view ops):
-# a replay checks its tensors' bindings again only then.
+# Moves on whenever a tensor takes another storage (``set_``, ``.data =``, in-place view ops)
+# or a storage another layout (``set_sharding``): a replay checks its bindings again only then.
 REBOUND = 0
 
 
@@ -99,11 +99,23 @@ class Storage:
 
     def take_output(self, array, sig, owner):
         """``set_data`` for a replay's output, whose leaf signature (``ir.data_sig`` of this
-        storage's meta) and owner reference (a weakref to this storage) are known already."""
-        self.ir = (Node(sig, (), None, array, owner), 0)
+        storage's meta) and owner reference (a weakref to this storage) are known already.
+        The leaf the last replay made is reused: a replay starts with nothing pending, so no
+        recorded op refers to it (a view rebuilds its IR: the version moves on)."""
+        leaf = self.ir[0]
+        if leaf.owner is owner and leaf.sig is sig:
+            leaf.data = array
+        else:
+            self.ir = (Node(sig, (), None, array, owner), 0)
         self.data = array
         self.version += 1
         self.donate = False
+
+    def set_sharding(self, sharding):
+        """Annotate the storage's layout (``mark_sharding``; None: ``clear_sharding``)."""
+        global REBOUND
+        REBOUND += 1  # a replay bound to the old layout checks its bindings again
+        self.sharding = sharding
 
     def restore(self, ir, data):
         """Put back a value this storage had before (a graph capture that ran nothing)."""

@@ -241,6 +241,9 @@ def test_a_value_read_inside_a_capture_raises_at_the_users_line_and_changes_noth
     opt = sgd(m)
     x, y = batches(1, w)[0]
     x, y = x.to(DEV), y.to(DEV)
+    train_step(m, opt, x, y)  # warm up: the momentum buffers appear
+    lazyxla.sync()
+    opt.zero_grad(set_to_none=True)  # the capture makes the gradients
     before = _params(m)
     d = Delta("ExecuteComputation")
     g = lazyxla.Graph()
@@ -267,6 +270,19 @@ def test_adam_with_its_step_count_on_the_cpu_is_refused_in_pytorchs_words():
     before = _params(m)
     with pytest.raises(RuntimeError, match="Attempting lazyxla graph capture of step\\(\\) for an instance of Adam "
                                            "but param_groups' capturable is False"):
+        with lazyxla.graph(lazyxla.Graph()):
+            train_step(m, opt, x, y)
+    assert all(torch.equal(a, b) for a, b in zip(before, _params(m)))
+
+
+def test_capturing_an_optimizers_first_step_is_refused():
+    # SGD's first step makes its momentum buffers: replayed, every step would be a first step
+    w = next(_widths)
+    m = mlp(w).to(DEV)
+    opt = sgd(m)
+    x, y = (t.to(DEV) for t in batches(1, w)[0])
+    before = _params(m)
+    with pytest.raises(lazyxla.LazyXlaError, match=r"SGD.step\(\) made its state inside the capture .*test_replay.py:"):
         with lazyxla.graph(lazyxla.Graph()):
             train_step(m, opt, x, y)
     assert all(torch.equal(a, b) for a, b in zip(before, _params(m)))
@@ -590,3 +606,54 @@ def test_a_replayed_decode_step_gives_eagers_tokens_with_no_compile_per_token():
     assert compiles[-1] == compiles[3], compiles  # nothing compiles once captured, whatever the length
     assert d["GraphReplay"] == 11
     close(lz.k1.cpu(), ref.k1)  # the cache writes landed in the model's buffers
+
+
+def test_a_replay_donates_what_a_sync_donates():
+    # the weights and momentum are written by the step: their old buffers go into the program
+    w = next(_widths)
+    kept = _warm_and_capture(w, batches(2, w))
+    lz, g = kept[2], kept[4]
+    g.replay()
+    lazyxla.wait_device_ops()
+    old = lz[0].weight._state.storage.data.get()
+    d = Delta("GraphReplay")
+    g.replay()
+    lazyxla.wait_device_ops()
+    assert d["GraphReplay"] == 1 and old.is_deleted()
+    assert torch.isfinite(lz[0].weight.cpu()).all()  # the tensor holds the program's new buffer
+
+
+def test_a_0d_cpu_tensor_inside_the_capture_is_frozen_and_listed():
+    x = torch.ones(3, device=DEV)
+    g = lazyxla.Graph()
+    with lazyxla.graph(g):
+        y = x * torch.tensor(2.5)  # a CPU scalar tensor: uploaded as the capture sees it
+    assert [str(f) for f in g.frozen()] == [f"a tensor uploaded or made inside the capture f32[] = 2.5, used by "
+                                            f"aten::mul.Tensor at test_replay.py:{g.frozen()[0].where[1]}"]
+    g.replay()
+    assert y.cpu().tolist() == [2.5] * 3
+
+
+def test_captures_are_bounded_then_new_signatures_run_lazily():
+    f = lazyxla.compile(lambda t: t * 2, replay=True)
+    f.max_captures = 2
+    d = Delta("GraphCapture", "GraphReplayLazyCall")
+    for n in (3, 4, 5):
+        for _ in range(2):
+            assert f(torch.ones(n, device=DEV)).cpu().tolist() == [2.0] * n
+    assert d["GraphCapture"] == 2 and d["GraphReplayLazyCall"] == 1  # the third shape's second call
+
+
+def test_the_check_interval_comes_from_the_environment():
+    import os
+    import subprocess
+    import sys
+    code = ("import torch, lazyxla, lazyxla.debug.metrics as met\n"
+            "f = lazyxla.compile(lambda t: t + 1, replay=True)\n"
+            "x = torch.ones(2, device=lazyxla.device())\n"
+            "for _ in range(2 + 2 + 8): f(x)\n"
+            "print(met.counter_value('GraphReplayCheck'))\n")
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, LAZYXLA_REPLAY_CHECK_EVERY="4"),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-1] == "4"  # the first two replays, then replays 6 and 10

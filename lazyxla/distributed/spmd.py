@@ -149,7 +149,7 @@ def mark_sharding(t, mesh: Mesh, partition_spec):
     else:
         st.set_ir(constrained(st.ir, st.meta, ns))
     st.ir[0].where = where  # recompile explanations name the line that set the layout
-    st.sharding = ns
+    st.set_sharding(ns)
     return t
 
 
@@ -170,7 +170,7 @@ def global_tensor(local, mesh: Mesh, partition_spec):
     mesh.sharding(spec, tuple(array.shape), where)  # the whole tensor must split as asked
     meta = TensorMeta(tuple(array.shape), local.dtype)
     state = TensorState(Storage.of_data(array, meta), meta)
-    state.storage.sharding = ns
+    state.storage.set_sharding(ns)
     state.storage.ir[0].where = where
     return LazyTensor(state)
 
@@ -179,7 +179,7 @@ def clear_sharding(t):
     """Forget ``t``'s annotation: it is replicated again."""
     _need_spmd("clear_sharding")
     st = t._state.storage
-    st.sharding = None
+    st.set_sharding(None)
     if st.data is not None:
         st.set_data(jax.device_put(resolve(st.data), xla.placement()))
     elif st.ir[0].sig.op == SHARDING_OP:
