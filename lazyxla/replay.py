@@ -12,27 +12,32 @@ it holds no value until the first replay (reading it says so). What the capture 
   step's arguments): its storage's buffer at that replay, held by weak reference, so a freed
   or rebound tensor is an error, never a stale buffer;
 - the RNG seed: that replay's seed (R8), so every replay draws new numbers;
+- a ``ReplayedStep``'s CPU tensor arguments: that call's upload of them;
 - anything else is *frozen*: the buffer it had in the capture (a Python number made device
-  data, such as a float ``lr``; a tensor uploaded inside the step; a 0-d CPU tensor; a tensor
-  that died before the capture ended). ``Graph.frozen()`` lists each with its op and user line.
+  data, such as a float ``lr``; a tensor uploaded inside the step; a 0-d CPU tensor).
+  ``Graph.frozen()`` lists each with its op and user line.
 
 and for each output of the program, the storage that takes the new buffer. A replay binds,
 runs the program through ``execution.run`` with the capture's donations, gives each output
 storage its buffer and ends the step as a sync does (``executor.end_step``). Its Python cost
 grows with the number of inputs and outputs, never with the number of ops.
 
-Checked at every replay, each in O(1) unless it moved: nothing was recorded since the last
-step (``storage.PENDING_BORN``; otherwise that is synced first, as its own program), no tensor
-took another storage (``storage.REBOUND``; otherwise every bound tensor is checked), and what
-Python holds and the program cannot see is unchanged: the ``training`` flag of every module the
-step called and the hyperparameters of every optimizer it stepped. ``ReplayedStep`` also traces
-its first replays (and every ``check_every``-th) again and compares the graph key and the
-frozen values with the capture's.
+Refused inside a capture, at the user's line, before anything runs: a value read or a sync
+(the executor's capture guard), the step of an optimizer whose step count lives on the CPU
+(``capturable=False``), and an optimizer step that makes its state (its first step, which
+every replay would repeat). Checked at every replay, each in O(1) unless it moved: nothing was
+recorded since the last step (``storage.PENDING_BORN``; otherwise that is synced first, as its
+own program), no tensor took another storage or layout (``storage.REBOUND``; otherwise every
+bound tensor is checked), and what Python holds and the program cannot see is unchanged: the
+``training`` flag of every module the step called and the settings of every optimizer it
+stepped. ``ReplayedStep`` also traces its first replays (and every ``check_every``-th) again
+and compares the graph key and the frozen values with the capture's.
 
 May touch: storages and states (restored after a capture, new buffers after a replay), the RNG
 seed, the executor's capture guard, eager mode's switch while capturing, the step closures'
 queue, PyTorch's global optimizer and module hooks while capturing, its metrics
-(``GraphCapture``, ``GraphReplay``, ``GraphReplayCheck``, ``GraphRecapture``).
+(``GraphCapture``, ``GraphReplay``, ``GraphReplayCheck``, ``GraphRecapture``,
+``GraphReplayLazyCall``).
 """
 from __future__ import annotations
 
@@ -359,7 +364,6 @@ class Binding:
         self.a_pos, self.a_idx = [], []       # a ReplayedStep's lazy tensor arguments, by flat index
         self.c_pos, self.c_idx = [], []       # its CPU tensor arguments (uploaded per call)
         self.seed_pos = None
-        self.watched = []                     # (state ref, storage) of each bound tensor
         frozen_leaves = []
         seed = cap.seed[0]
         before = cap.before
@@ -395,9 +399,10 @@ class Binding:
             kinds.append("frozen")
         self.kinds = kinds
         bound = {id(r()) for r in self.t_refs}
+        # (state ref, storage ref) of every tensor of a bound storage: a rebound one is refused
         self.watched = [(_weakref(s), _weakref(st)) for s, st, _, _ in cap.states if id(st) in bound]
         self.layouts = [(r, r().sharding) for r in self.t_refs]  # SPMD: the annotations it was compiled for
-        self._describe_frozen(graph, frozen_leaves, before)
+        self._describe_frozen(graph, frozen_leaves)
         # outputs: the storages a sync would have given buffers, in the program's order
         self.o_refs = [_weakref(st) for st in storages]
         self.o_args = [(k, cap.arg_of[id(st)]) for k, st in enumerate(storages) if id(st) in cap.arg_of]
@@ -416,7 +421,7 @@ class Binding:
         self._shared_changed()
         self.n_out = len(storages)
 
-    def _describe_frozen(self, graph, frozen_leaves, before):
+    def _describe_frozen(self, graph, frozen_leaves):
         scalars = {id(v[0]): k[1] for k, v in SCALAR_LEAVES.items()}
         used = _where_used(graph, [leaf for _, leaf, _ in frozen_leaves])
         for p, leaf, st in frozen_leaves:
