@@ -95,20 +95,17 @@ def direct_loop(each, ids, pos, tokens):
     """The replayed step's own compiled program called through JAX, outputs fed back: ms per token."""
     from lazyxla.execution import resolve
     import jax
-    b = next(s.binding for s in each._sigs.values() if s.binding is not None)
+    sig = next(s for s in each._sigs.values() if s.binding is not None)
+    b = sig.binding
     args = b.template[:]
     for p, r in zip(b.t_pos, b.t_refs):
         args[p] = resolve(r().data)
     a_pos = dict(zip(b.a_idx, b.a_pos))  # flat argument index -> parameter
     args[a_pos[0]], args[a_pos[1]] = resolve(ids._state.storage.data), resolve(pos._state.storage.data)
-    outs_of = [k for k in range(b.n_out)]
-    back = {}  # output index -> parameter it feeds (the cache, written in place, and the two arguments)
-    live = [r() for r in b.o_refs]
+    # output index -> the parameter it feeds next: the cache, written in place, and the two arguments
     pos_of = {id(r()): p for p, r in zip(b.t_pos, b.t_refs)}
-    for k, st in enumerate(live):
-        if st is not None and id(st) in pos_of:
-            back[k] = pos_of[id(st)]
-    ret = [r[1] for r in next(s for s in each._sigs.values() if s.binding is b).outputs if r[0] == "out"]
+    back = {k: pos_of[id(r())] for k, r in enumerate(b.o_refs) if r() is not None and id(r()) in pos_of}
+    ret = [r[1] for r in sig.outputs if r[0] == "out"]
     back[ret[0]], back[ret[1]] = a_pos[0], a_pos[1]
     ex = b.prog.executable
     times = []
@@ -119,7 +116,6 @@ def direct_loop(each, ids, pos, tokens):
             args[p] = outs[k]
         jax.block_until_ready(outs[ret[0]])
         times.append(time.perf_counter() - t0)
-    del outs_of
     return statistics.median(times[4:]) * 1e3
 
 

@@ -100,35 +100,30 @@ def _lazy_state(depth):
     return lazyxla, model, _opt(model), x, y
 
 
-def row_lazy(depth, n):
+def _synced(depth, n, compiled=None):
+    """ms per step of the step recorded and synced, with torch.compile of the whole step
+    (``compiled="step"``) or of the model (``"model"``)."""
+    torch._dynamo.reset()  # a new model per run: Dynamo's cache of the last one would hit its limit
     lazyxla, model, opt, x, y = _lazy_state(depth)
+    fn = torch.compile(train_step, backend="lazyxla") if compiled == "step" else train_step
+    m = torch.compile(model, backend="lazyxla") if compiled == "model" else model
 
     def step():
-        train_step(model, opt, x, y)
+        fn(m, opt, x, y)
         lazyxla.sync()
     return time_loop(step, n, lazyxla.wait_device_ops)
+
+
+def row_lazy(depth, n):
+    return _synced(depth, n)
 
 
 def row_compile_step(depth, n):
-    torch._dynamo.reset()  # a new model per run: Dynamo's cache of the last one would hit its limit
-    lazyxla, model, opt, x, y = _lazy_state(depth)
-    cstep = torch.compile(train_step, backend="lazyxla")
-
-    def step():
-        cstep(model, opt, x, y)
-        lazyxla.sync()
-    return time_loop(step, n, lazyxla.wait_device_ops)
+    return _synced(depth, n, "step")
 
 
 def row_compile_model(depth, n):
-    torch._dynamo.reset()
-    lazyxla, model, opt, x, y = _lazy_state(depth)
-    cmodel = torch.compile(model, backend="lazyxla")
-
-    def step():
-        train_step(cmodel, opt, x, y)
-        lazyxla.sync()
-    return time_loop(step, n, lazyxla.wait_device_ops)
+    return _synced(depth, n, "model")
 
 
 def _captured(depth, step=train_step):

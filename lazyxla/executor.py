@@ -245,10 +245,9 @@ def describe_read() -> str:
 
 
 # ---------------------------------------------------------------------------------------
-# A step that must be one program (``lazyxla.compiled_step``, ``full_graph=True``).
-_read_guard = None  # called before a value read runs a program; raises (full_graph=True)
-
-
+# Guards: a step that must be one program (``lazyxla.compiled_step``, ``full_graph=True``) and
+# a step being captured (``replay``).
+_read_guard = None     # called before a value read runs a program; raises (full_graph=True)
 _capture_guard = None  # called with what is asked (None: a value read) while a step is captured
 
 

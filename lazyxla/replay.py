@@ -57,7 +57,7 @@ from . import closures, eager, events, executor, metrics, rng, storage
 from .debug.explain import explain
 from .errors import LazyXlaError
 from .execution import Completion, ExecutionError, Placeholder, resolve, run
-from .ir import data_sig, fmt_where, user_frame
+from .ir import TensorMeta, data_sig, fmt_where, user_frame
 from .storage import SCALAR_LEAVES, TensorState, live_states
 from .tensor import LazyTensor
 from .xla import copy_array, spmd
@@ -66,10 +66,6 @@ _weakref = weakref.ref
 _COUNTERS = metrics.COUNTERS
 _ACTIVE = None     # the capture in progress: one per process at a time, as CUDA's
 _CLEAN_AT = -1     # storage.PENDING_BORN when the arena was last seen with nothing pending
-# Storages that hold a buffer another storage holds too (a ReplayedStep's static outputs, whose
-# buffers each call's returned tensors share); their epoch moves when one is added.
-_SHARED: weakref.WeakSet = weakref.WeakSet()
-_SHARED_EPOCH = 0
 
 
 class StaleBinding(LazyXlaError):
@@ -352,18 +348,19 @@ class Binding:
         self.optimizers = [s for _, s in cap.optimizers.values()]
         self.rebound_seen = storage.REBOUND
         self.frozen = []
-        if prog is None:
-            self.key_hex, self.trace = None, None
-            return
-        self.key_hex = prog.key.hex()
-        self.trace = prog.trace
-        params = graph.params
-        n = len(params)
-        self.template = [None] * n   # frozen buffers in place; the rest is filled per replay
+        self.key_hex = self.trace = None
+        self.template = []                    # frozen buffers in place; the rest is filled per replay
         self.t_pos, self.t_refs = [], []      # tensors bound by their storage
         self.a_pos, self.a_idx = [], []       # a ReplayedStep's lazy tensor arguments, by flat index
         self.c_pos, self.c_idx = [], []       # its CPU tensor arguments (uploaded per call)
         self.seed_pos = None
+        self.o_refs = []
+        if prog is None:
+            return
+        self.key_hex = prog.key.hex()
+        self.trace = prog.trace
+        params = graph.params
+        self.template = [None] * len(params)
         frozen_leaves = []
         seed = cap.seed[0]
         before = cap.before
@@ -408,17 +405,15 @@ class Binding:
         self.o_args = [(k, cap.arg_of[id(st)]) for k, st in enumerate(storages) if id(st) in cap.arg_of]
         arg_out = {k for k, _ in self.o_args}
         # (output index, storage ref, its leaf signature: None under SPMD, where the output's
-        # layout is read from the buffer each time)
-        self.o_plain = [(k, r, None if spmd() else data_sig(st.meta)) for k, (r, st) in
+        # layout is read from the buffer each time, the leaf's owner: the storage, or None for an
+        # output whose buffer a new tensor takes too at every call, ``share_outputs``)
+        self.o_plain = [(k, r, None if spmd() else data_sig(st.meta), r) for k, (r, st) in
                         enumerate(zip(self.o_refs, storages)) if k not in arg_out]
-        self.o_shared = []  # outputs also handed to a new tensor per replay (ReplayedStep's results)
         self.o_meta = [st.meta for st in storages]
         self.out_index = {id(st): k for k, st in enumerate(storages)}
-        self.made_inside = {id(st) for st in storages if not (id(st) in before and before[id(st)][0] is st)}
         self.donated = donated = set(prog.donated)
-        self.d_all = [(self.t_pos.index(p), p) for p in sorted(donated) if p in self.t_pos]
+        # a donated argument that holds a buffer another tensor holds too is copied first
         self.d_args = [(self.a_pos.index(p), p) for p in sorted(donated) if p in self.a_pos]
-        self._shared_changed()
         self.n_out = len(storages)
 
     def _describe_frozen(self, graph, frozen_leaves):
@@ -504,28 +499,19 @@ class Binding:
             args[self.seed_pos] = rng.current()[0].data
         if any(map(_is, args, repeat(None))):
             self._bind_copies(args, arg_states)
-        if self.shared_seen != _SHARED_EPOCH:
-            self._shared_changed()
-        for j, p in self.d_checks:  # a donated buffer that another storage holds too: a copy is donated
-            if self.t_refs[j]().ir[0].owner is None:
-                args[p] = copy_array(resolve(args[p]))
         for j, p in self.d_args:
             if arg_states[self.a_idx[j]].storage.ir[0].owner is None:
                 args[p] = copy_array(resolve(args[p]))
         outs = run(prog.executable, args, self.n_out, self.key_hex, timed=False)
         if outs and outs[0].completion.error is not None:
             outs[0].get()  # raises now, naming the graph; no storage was given the failed buffers
-        for k, r, sig in self.o_plain:
+        for k, r, sig, owner in self.o_plain:
             st = r()
             if st is not None:
                 if sig is None:
-                    st.set_data(outs[k])
+                    st.set_data(outs[k], shared=owner is None)
                 else:
-                    st.take_output(outs[k], sig, r)
-        for k, r in self.o_shared:
-            st = r()
-            if st is not None:
-                st.set_data(outs[k], shared=True)
+                    st.take_output(outs[k], sig, owner)
         for k, i in self.o_args:
             arg_states[i].storage.set_data(outs[k])
         _COUNTERS["GraphReplay"] = _COUNTERS.get("GraphReplay", 0) + 1
@@ -545,23 +531,17 @@ class Binding:
                 args[p] = copy_array(resolve(leaf.data)) if p in self.donated else leaf.data
 
     def share_outputs(self, ks):
-        """Outputs ``ks`` also go to a new tensor at every replay: their static storages must
-        not donate the buffer either."""
-        global _SHARED_EPOCH
+        """Outputs ``ks`` also go to a new tensor at every replay (``fresh_output``): the static
+        storage's leaf has no owner either, so neither storage ever donates the shared buffer."""
         ks = set(ks)
-        self.o_shared = [(k, r) for k, r, _ in self.o_plain if k in ks]
-        self.o_plain = [e for e in self.o_plain if e[0] not in ks]
-        for _, r in self.o_shared:
-            st = r()
-            if st is not None:
-                _SHARED.add(st)
-        _SHARED_EPOCH += 1
+        self.o_plain = [(k, r, sig, None if k in ks else owner) for k, r, sig, owner in self.o_plain]
 
-    def _shared_changed(self):
-        """Which donated inputs may hold a buffer shared with another storage (a static
-        output of a ReplayedStep, ``_SHARED``): only those are checked at each replay."""
-        self.d_checks = [(j, p) for j, p in self.d_all if self.t_refs[j]() in _SHARED]
-        self.shared_seen = _SHARED_EPOCH
+    def fresh_output(self, outs, k, chain, meta):
+        """A new tensor holding output ``k`` of a replay (``outs``), viewed by ``chain``: a storage
+        of its own, sharing the buffer with the static storage (``share_outputs``)."""
+        st = storage.Storage(None, self.o_meta[k])
+        st.set_data(outs[k], shared=True)
+        return LazyTensor(TensorState(st, meta, chain))
 
     def _end_step(self):
         if self.closures[0] or self.closures[1]:
@@ -700,7 +680,7 @@ def _arg_key(a, i, storages):
 def _describe_key(key) -> str:
     parts = []
     for k in key[1]:
-        if type(k[0]).__name__ == "TensorMeta":
+        if isinstance(k[0], TensorMeta):
             parts.append(repr(k[0]))
         elif k[0] == "cpu":
             parts.append(f"cpu {list(k[1])} {k[2]}")
@@ -710,7 +690,8 @@ def _describe_key(key) -> str:
 
 
 class _Signature:
-    """One argument signature of a ReplayedStep: its calls, its capture and checks."""
+    """One argument signature of a ReplayedStep: its calls, its capture and checks, and how a
+    call builds its result (``ReplayedStep._adopt``)."""
 
     __slots__ = ("calls", "binding", "replays", "outputs", "spec")
 
@@ -718,7 +699,7 @@ class _Signature:
         self.calls = 0
         self.binding = None
         self.replays = 0
-        self.outputs = None  # per returned leaf: ("out", k, chain, meta) | ("arg", i) | ("same", obj)
+        self.outputs = None  # per returned leaf: ("out", k, chain, meta) | ("arg", i, chain, meta) | ("same", obj)
         self.spec = None
 
 
@@ -803,11 +784,10 @@ class ReplayedStep:
         metrics.counter_inc("GraphCapture")
         self.captures += 1
         self._last_key = key
-        sig.binding, sig.replays = binding, 0
-        sig.outputs, sig.spec = self._recipe(binding, cap, out)
+        sig.replays = 0
         for hook in events.AFTER_GRAPH_CAPTURE:
             hook(self.name, why, binding.key_hex or "", user_frame(3))
-        return self._replay(sig, flat)
+        return self._adopt(sig, binding, cap, out, flat)
 
     def _checked(self, sig, key, flat, args, kwargs):
         """Trace the call again and compare it with the capture; replay the new capture (the
@@ -822,67 +802,53 @@ class ReplayedStep:
                 f"{self.what}: replay {sig.replays} would not compute what this call computes: {diff}. Nothing was "
                 f"run. The step's Python depends on values the capture froze; run it without replay "
                 f"(lazyxla.compile({self.name})), or keep those values in device tensors")
-        sig.binding = binding
-        sig.outputs, sig.spec = self._recipe(binding, cap, out)
-        return self._replay(sig, flat)
+        return self._adopt(sig, binding, cap, out, flat)
 
-    @staticmethod
-    def _recipe(binding, cap, out):
-        """How each call builds the step's result from a replay: per returned leaf, a new tensor
-        from an output the step made (``out``), the call's own argument (``arg``), or the very
-        object the capture returned (``same``); and the result's tree spec (None: one new
-        tensor)."""
+    def _adopt(self, sig, binding, cap, out, flat):
+        """Make ``binding`` (captured from this call, which returned ``out``) the signature's,
+        with the recipe each call builds its result by, and replay it for this call: per
+        returned leaf, a new tensor from an output the step made (``out``), the call's own
+        argument (``arg``), or the very object the capture returned (``same``); the result's tree
+        spec is None for one new tensor."""
         leaves, spec = pytree.tree_flatten(out)
-        recipe, shared = [], []
+        recipe, made = [], []
         for leaf in leaves:
+            r = ("same", leaf)
             if type(leaf) is LazyTensor:
                 s = leaf._state
-                k = binding.out_index.get(id(s.storage)) if binding.prog is not None else None
-                if id(s.storage) in cap.arg_of:
-                    recipe.append(("arg", cap.arg_of[id(s.storage)], s.chain, s.meta))
-                elif k is not None and id(s.storage) in binding.made_inside:
-                    recipe.append(("out", k, s.chain, s.meta))
-                    shared.append(k)
-                else:
-                    recipe.append(("same", leaf))
-            else:
-                recipe.append(("same", leaf))
-        if shared:
-            binding.share_outputs(shared)
-        if spec.is_leaf() and recipe and recipe[0][0] == "out":
-            return recipe, None
-        return recipe, spec
+                st = s.storage
+                b = cap.before.get(id(st))
+                k = binding.out_index.get(id(st)) if binding.prog is not None else None
+                if id(st) in cap.arg_of:
+                    r = ("arg", cap.arg_of[id(st)], s.chain, s.meta)
+                elif k is not None and (b is None or b[0] is not st):  # made by the step
+                    r = ("out", k, s.chain, s.meta)
+                    made.append(k)
+            recipe.append(r)
+        if made:
+            binding.share_outputs(made)
+        sig.binding, sig.outputs = binding, recipe
+        sig.spec = None if spec.is_leaf() and recipe[0][0] == "out" else spec
+        return self._replay(sig, flat)
 
     def _replay(self, sig, flat):
         b = sig.binding
         arg_states = [a._state if type(a) is LazyTensor else None for a in flat]
-        cpu = {}
-        for i in set(b.c_idx) if b.prog is not None else ():
-            cpu[i] = storage.upload(flat[i]).storage.data
+        cpu = {i: storage.upload(flat[i]).storage.data for i in set(b.c_idx)}
         outs = b.replay(arg_states, cpu)
         if sig.spec is None:  # one tensor returned, made by the step
-            _, k, chain, meta = sig.outputs[0]
-            return LazyTensor(_fresh_output(outs, k, chain, meta, b))
-        result = []
-        for r in sig.outputs:
-            if r[0] == "out":
-                _, k, chain, meta = r
-                result.append(LazyTensor(_fresh_output(outs, k, chain, meta, b)))
-            elif r[0] == "arg":
-                a = flat[r[1]]
-                result.append(a if r[2] is a._state.chain else LazyTensor(TensorState(a._state.storage, r[3], r[2])))
-            else:
-                result.append(r[1])
-        return pytree.tree_unflatten(result, sig.spec)
+            return _result(sig.outputs[0], outs, flat, b)
+        return pytree.tree_unflatten([_result(r, outs, flat, b) for r in sig.outputs], sig.spec)
 
 
-def _fresh_output(outs, k, chain, meta, binding):
-    """A new tensor's state holding output ``k`` of a replay (``outs``), viewed by ``chain``: a
-    storage of its own, sharing the buffer with the captured static tensor (so neither donates
-    it)."""
-    st = storage.Storage(None, binding.o_meta[k])
-    st.set_data(outs[k], shared=True)
-    return TensorState(st, meta, chain)
+def _result(r, outs, flat, binding):
+    """One leaf of a call's result, by its recipe (``ReplayedStep._adopt``)."""
+    if r[0] == "out":
+        return binding.fresh_output(outs, *r[1:])
+    if r[0] == "arg":
+        a = flat[r[1]]
+        return a if r[2] is a._state.chain else LazyTensor(TensorState(a._state.storage, r[3], r[2]))
+    return r[1]
 
 
 # =========================================================================================
@@ -962,7 +928,7 @@ def _graphed(fn, args, warmup, allow_unused):
                 if a._state.storage is not s._state.storage:
                     s.detach().copy_(a.detach())
             outs = fwd._binding.replay()
-            return tuple(LazyTensor(_fresh_output(outs, k, chain, meta, fwd._binding)) for k, chain, meta in fwd_out)
+            return tuple(fwd._binding.fresh_output(outs, *r) for r in fwd_out)
 
         @staticmethod
         @torch.autograd.function.once_differentiable
@@ -975,8 +941,7 @@ def _graphed(fn, args, warmup, allow_unused):
                         s.detach().copy_(g.detach())
             outs = bwd._binding.replay() if bwd._binding.prog is not None else ()
             it = iter(bwd_out)
-            return tuple(LazyTensor(_fresh_output(outs, *next(it), bwd._binding)) if g is not None else None
-                         for g in static_grads)
+            return tuple(bwd._binding.fresh_output(outs, *next(it)) if g is not None else None for g in static_grads)
 
     def functionalized(*user_args):
         if len(user_args) != n_args:
@@ -996,7 +961,7 @@ def _graphed(fn, args, warmup, allow_unused):
 
 def _shared_outputs(binding, tensors):
     """For each tensor (a static output of the binding): (its output index, its view chain and
-    meta); those outputs also go to a new tensor at every replay."""
+    meta), for ``Binding.fresh_output``; those outputs go to a new tensor at every replay."""
     ks = [binding.out_index[id(t._state.storage)] for t in tensors]
     binding.share_outputs(ks)
     return [(k, t._state.chain, t._state.meta) for k, t in zip(ks, tensors)]

@@ -39,3 +39,19 @@ def config_changes(before: dict, after: dict) -> list[str]:
     """The settings that differ between two ``torch_config()`` readings (one imported later
     is not a change)."""
     return [f"{k}: {before[k]!r} -> {after[k]!r}" for k in before if k in after and after[k] != before[k]]
+
+
+def json_runs(script: str, times: int = 1, timeout: int = 300, **env) -> list:
+    """Run ``python -c script`` ``times`` times, each in a new process with ``env`` added to the
+    environment; the JSON value each printed last."""
+    import json
+    import os
+    import subprocess
+    import sys
+    out = []
+    for _ in range(times):
+        r = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, **env), capture_output=True,
+                           text=True, timeout=timeout)
+        assert r.returncode == 0, r.stderr[-3000:]
+        out.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    return out

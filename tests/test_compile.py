@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lazyxla
-from lazyhelp import cnt, config_changes, torch_config
+from lazyhelp import cnt, config_changes, json_runs, torch_config
 from test_zoo import MODELS, OPTS, STEPS, batch, loss_of
 
 DEV = lazyxla.device()
@@ -344,10 +344,6 @@ def test_static_kv_cache_decoding_compiles_a_fixed_number_of_programs():
 
 
 def test_a_compiled_step_is_found_in_the_persistent_cache_by_another_process(tmp_path):
-    import json
-    import os
-    import subprocess
-    import sys
     script = ("import json, torch, torch.nn as nn, lazyxla\n"
               "import lazyxla.debug.metrics as met\n"
               "torch.manual_seed(0)\n"
@@ -360,12 +356,7 @@ def test_a_compiled_step_is_found_in_the_persistent_cache_by_another_process(tmp
               "lazyxla.sync()\n"
               "print(json.dumps([h, loss.item(), met.counter_value('PersistentCacheHit') or 0,"
               " met.counter_value('PersistentCacheMiss') or 0]))\n")
-    env = dict(os.environ, XLA_PERSISTENT_CACHE_PATH=str(tmp_path / "cache"))
-    runs = []
-    for _ in range(2):
-        r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    runs = json_runs(script, times=2, XLA_PERSISTENT_CACHE_PATH=str(tmp_path / "cache"))
     (h1, l1, hit1, miss1), (h2, l2, hit2, miss2) = runs
     assert h1 == h2 and l1 == l2  # the same key in both processes
     assert miss1 >= 1 and hit2 >= 1 and miss2 == 0

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import lazyxla
 import lazyxla.debug.metrics as met
-from lazyhelp import cnt, samples
+from lazyhelp import cnt, json_runs, samples
 
 DEV = lazyxla.device()
 pytestmark = pytest.mark.usefixtures("nothing_pending")
@@ -404,13 +404,18 @@ def _step_fn(model, opt):
     return step
 
 
+def _twin_steps(w):
+    """The same model on the CPU and the device, and each one's step function."""
+    ref = mlp(w)
+    lz = copy.deepcopy(ref).to(DEV)
+    return ref, lz, _step_fn(ref, sgd(ref)), _step_fn(lz, sgd(lz))
+
+
 def test_the_step_form_runs_lazily_then_captures_then_replays_like_eager():
     w = next(_widths)
     data = batches(8, w)
-    ref = mlp(w)
-    lz = copy.deepcopy(ref).to(DEV)
-    rstep = _step_fn(ref, sgd(ref))
-    step = lazyxla.compile(_step_fn(lz, sgd(lz)), replay=True)
+    ref, lz, rstep, inner = _twin_steps(w)
+    step = lazyxla.compile(inner, replay=True)
     d = Delta("GraphCapture", "GraphReplay", "GraphReplayCheck", "UncachedCompile")
     losses = []
     for x, y in data:
@@ -427,10 +432,7 @@ def test_the_step_form_runs_lazily_then_captures_then_replays_like_eager():
 def test_the_step_form_binds_cpu_batches_uploaded_inside_it():
     w = next(_widths)
     data = batches(6, w)
-    ref = mlp(w)
-    lz = copy.deepcopy(ref).to(DEV)
-    rstep = _step_fn(ref, sgd(ref))
-    inner = _step_fn(lz, sgd(lz))
+    _, _, rstep, inner = _twin_steps(w)
     step = lazyxla.compile(lambda x, y: inner(x.to(DEV), y.to(DEV)), replay=True)
     for x, y in data:
         close(step(x, y).cpu(), rstep(x, y))  # a new batch every call, never the captured one
@@ -527,10 +529,6 @@ def test_make_graphed_callables_forward_and_backward_like_eager():
 # ---------------------------------------------------------------------------------------------
 # The same program as a sync's: in the persistent cache; step closures
 def test_a_capture_in_a_new_process_loads_its_program_from_the_persistent_cache(tmp_path):
-    import json
-    import os
-    import subprocess
-    import sys
     import textwrap
     script = textwrap.dedent("""
         import json, torch, torch.nn as nn, torch.nn.functional as F
@@ -556,12 +554,7 @@ def test_a_capture_in_a_new_process_loads_its_program_from_the_persistent_cache(
         print(json.dumps({"loss": loss.item(), "hash": g.graph_hash,
                           **{k: (met.counter_value(k) or 0) - v for k, v in c.items()}}))
     """)
-    env = dict(os.environ, XLA_PERSISTENT_CACHE_PATH=str(tmp_path / "cache"))
-    runs = []
-    for _ in range(2):
-        r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    runs = json_runs(script, times=2, XLA_PERSISTENT_CACHE_PATH=str(tmp_path / "cache"))
     assert runs[0]["UncachedCompile"] == 1 and runs[0]["PersistentCacheHit"] == 0
     assert runs[1]["UncachedCompile"] == 0 and runs[1]["PersistentCacheHit"] == 1  # found on disk by its hash
     assert runs[0]["hash"] == runs[1]["hash"] and runs[0]["loss"] == runs[1]["loss"]
@@ -645,15 +638,10 @@ def test_captures_are_bounded_then_new_signatures_run_lazily():
 
 
 def test_the_check_interval_comes_from_the_environment():
-    import os
-    import subprocess
-    import sys
     code = ("import torch, lazyxla, lazyxla.debug.metrics as met\n"
             "f = lazyxla.compile(lambda t: t + 1, replay=True)\n"
             "x = torch.ones(2, device=lazyxla.device())\n"
             "for _ in range(2 + 2 + 8): f(x)\n"
             "print(met.counter_value('GraphReplayCheck'))\n")
-    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, LAZYXLA_REPLAY_CHECK_EVERY="4"),
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split()[-1] == "4"  # the first two replays, then replays 6 and 10
+    (checks,) = json_runs(code, LAZYXLA_REPLAY_CHECK_EVERY="4")
+    assert checks == 4  # the first two replays, then replays 6 and 10
