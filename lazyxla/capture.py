@@ -34,10 +34,10 @@ from . import events, metrics, rng
 from .device import DEVICE
 from .errors import LazyXlaError
 from .hashing import fold
-from .ir import Node, OpSig, Slot, fmt_where, post_order, user_frame
+from .ir import Node, OpSig, Slot, fmt_where, post_order, user_frame, user_site
 from .lowering import build_program
 from .storage import fresh
-from .tensor import LazyTensor
+from .tensor import LazyTensor, _tensor
 
 REGION_OP = "lazyxla::region"
 _COUNTERS = metrics.COUNTERS
@@ -196,25 +196,28 @@ class Region:
 
     # -- replay ----------------------------------------------------------------------------
     def _replay(self, c, states, vals=None):
-        vals = [s.value() for s in states] if vals is None else list(vals)
+        """Record this call as one ``lazyxla::region`` node; per input one operand, per output a
+        new tensor (or the input it wrote gets the node's value). Called at every call of a
+        compiled graph: written for speed (no Python call per output besides its tensor)."""
+        vals = [s.storage.ir if s.chain is None else s.value() for s in states] if vals is None else list(vals)
         if c.random:
             vals.append(rng.current())
         vals.extend(c.consts)
-        node = Node(c.sig, tuple(vals), user_frame(3))
+        node = Node(c.sig, tuple(vals), user_site(3))
         out = []
         j = 0
         for m in c.outs:
             if type(m) is tuple:
                 out.append(m[1])
             else:
-                out.append(LazyTensor(fresh((node, j), m)))
+                out.append(_tensor(fresh((node, j), m)))
                 j += 1
         for k in c.mutated:
             states[k].write((node, j))
             j += 1
         if c.random:
             rng.set_current((node, j))
-        metrics.counter_inc("DynamoRegionCall")
+        _COUNTERS["DynamoRegionCall"] = _COUNTERS.get("DynamoRegionCall", 0) + 1
         if c.container is None:
             return out[0]
         return out if c.container is list else tuple(out)

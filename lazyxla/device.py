@@ -15,6 +15,8 @@ May touch: PyTorch's backend registration and its autograd threading setting.
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.utils.backend_registration as _br
 
@@ -75,8 +77,17 @@ class _DeviceModule:
         wait_device_ops()
 
 
+class _DeviceGuard(torch._C._acc.DeviceGuard):
+    """PyTorch's device guard for the lazy device. PyTorch asks a guard its device type from
+    C++ each time it makes one (about ten times per parameter in a backward: AccumulateGrad,
+    streams); the answer is a builtin's, so no Python frame runs for it."""
+
+    type_ = staticmethod(itertools.repeat(torch._C._autograd.DeviceType.PrivateUse1).__next__)
+
+
 if torch._C._get_privateuse1_backend_name() != BACKEND:
-    _br._setup_privateuseone_for_python_backend(rename=BACKEND, backend_module=_DeviceModule())
+    _br._setup_privateuseone_for_python_backend(rename=BACKEND, backend_module=_DeviceModule(),
+                                                device_guard=_DeviceGuard())
 DEVICE = torch.device(BACKEND, 0)
 
 

@@ -28,8 +28,8 @@ from .compiler import compile_graph, hlo_text, specs
 from .config import env_flag
 from .execution import resolve, run, wait_device_ops  # noqa: F401  (wait_device_ops: API)
 from .collect import Graph
-from .graph_hash import KeyRequest, compute
-from .storage import pending, reads_on_host, view_on_host
+from .graph_hash import FoldTrace, KeyRequest, compute
+from .storage import Storage, pending, reads_on_host, view_on_host
 from .errors import LazyXlaError
 from .xla import auto_sharding, download, process_mesh
 
@@ -53,45 +53,68 @@ def buffer_donors(graph: Graph, synced) -> tuple:
     return tuple(donors)
 
 
+def _request(force_ltc_data, roots, graph, donors=()) -> KeyRequest:
+    """What the key of ``roots`` ((tensor id, IR value) pairs, in order) is folded from."""
+    return KeyRequest(force_ltc_data, roots, graph.sequence, donors, auto_sharding())
+
+
 def _key(force_ltc_data, roots, graph, donors=()):
-    """The graph key's trace for ``roots``: (tensor id, IR value) pairs, in order."""
-    return compute(KeyRequest(force_ltc_data, [(v[0].vh[v[1]], (uid, v)) for uid, v in roots],
-                              graph.sequence, donors, auto_sharding()))
+    """The graph key's trace for ``roots``."""
+    return compute(_request(force_ltc_data, roots, graph, donors))
 
 
-def lookup(graph: Graph, trace, cause, donors=(), name="SyncTensorsGraph") -> CachedProgram:
-    """Find the program by its key, or compile and cache it; tell the subscribers."""
+# A warm step asks for the same key every time: its ingredients (``KeyRequest.ingredients``)
+# map to the trace of the program found for them, so the fold is not redone while that
+# program is cached. Exact: equal ingredients fold to the same key.
+_TRACES: dict = {}
+
+
+def lookup(graph: Graph, req: KeyRequest, cause, donors=(), name="SyncTensorsGraph") -> CachedProgram:
+    """Find the program for the key of ``req``, or compile and cache it; tell the subscribers."""
     cache = computation_cache()
-    key = trace.key
-    prog = cache.get(key)
+    ingredients = req.ingredients()
+    known = _TRACES.get(ingredients)
+    prog = cache.get(known.key) if known is not None else None
     compiled = False
     if prog is not None:
+        trace = FoldTrace.reusing(prog.trace, [uid for uid, _ in req.roots])
         metrics.counter_inc("CachedCompile")
         metrics.metric_add("TensorsGraphSize", len(graph.post))
         prog.hits += 1
-        trace.borrow_structure(prog.trace)
     else:
-        trace.keep_structure_only()
-        prog = _load_persistent(graph, trace, donors)
-        if prog is not None:  # torch_xla: a persistent hit fills memory and counts CachedCompile
+        trace = compute(req)
+        key = trace.key
+        prog = cache.get(key)
+        if prog is not None:
             metrics.counter_inc("CachedCompile")
-            metrics.metric_add("TensorsGraphSize", prog.graph_size)
+            metrics.metric_add("TensorsGraphSize", len(graph.post))
+            prog.hits += 1
+            trace.borrow_structure(prog.trace)
         else:
-            if auto_sharding():
-                raise LazyXlaError(
-                    "lazyxla: auto-sharding (use_spmd(auto=True)) cannot compile: JAX 0.10 has no working "
-                    "auto-partitioner (CompileOptions.use_auto_spmd_partitioning compiles a replicated program). "
-                    f"The graph hash {trace.hex} was computed with auto-sharding on; annotate tensors with "
-                    "lazyxla.distributed.spmd.mark_sharding and call use_spmd() without auto instead")
-            metrics.counter_inc("UncachedCompile")
-            for hook in events.BEFORE_COMPILE:
-                hook(cause, trace, graph)
-            executable, ns = compile_graph(graph, trace.hex, name, donors, wrap_allowed=not auto_sharding())
-            prog = CachedProgram(executable, key, trace, len(graph.params), len(graph.roots), graph.n_ops, ns,
-                                 tuple(donors))
-            _store_persistent(prog, name)
-            compiled = True
-        cache.add(key, prog)
+            trace.keep_structure_only()
+            prog = _load_persistent(graph, trace, donors)
+            if prog is not None:  # torch_xla: a persistent hit fills memory and counts CachedCompile
+                metrics.counter_inc("CachedCompile")
+                metrics.metric_add("TensorsGraphSize", prog.graph_size)
+            else:
+                if auto_sharding():
+                    raise LazyXlaError(
+                        "lazyxla: auto-sharding (use_spmd(auto=True)) cannot compile: JAX 0.10 has no working "
+                        "auto-partitioner (CompileOptions.use_auto_spmd_partitioning compiles a replicated program). "
+                        f"The graph hash {trace.hex} was computed with auto-sharding on; annotate tensors with "
+                        "lazyxla.distributed.spmd.mark_sharding and call use_spmd() without auto instead")
+                metrics.counter_inc("UncachedCompile")
+                for hook in events.BEFORE_COMPILE:
+                    hook(cause, trace, graph)
+                executable, ns = compile_graph(graph, trace.hex, name, donors, wrap_allowed=not auto_sharding())
+                prog = CachedProgram(executable, key, trace, len(graph.params), len(graph.roots), graph.n_ops, ns,
+                                     tuple(donors))
+                _store_persistent(prog, name)
+                compiled = True
+            cache.add(key, prog)
+        if len(_TRACES) >= 4096:
+            _TRACES.clear()
+        _TRACES[ingredients] = prog.trace
     for hook in events.AFTER_LOOKUP:
         hook(cause, trace, prog, graph, compiled)
     return prog
@@ -128,7 +151,7 @@ def plan_pending(cause="sync"):
         return None
     graph = Graph([r for _, r in roots])
     donors = buffer_donors(graph, storages)
-    return storages, graph, lookup(graph, _key(True, roots, graph, donors), cause, donors)
+    return storages, graph, lookup(graph, _request(True, roots, graph, donors), cause, donors)
 
 
 def run_pending():
@@ -140,8 +163,7 @@ def run_pending():
     if plan is None:
         return None
     storages, graph, prog = plan
-    for st, arr in zip(storages, _run(prog, graph)):
-        st.set_data(arr)
+    Storage.set_all(storages, _run(prog, graph))
     return prog
 
 
@@ -190,7 +212,7 @@ def read_values(states) -> list:
         if _read_guard is not None:  # lazyxla.compile(full_graph=True): raises at the user's line
             _read_guard()
         graph = Graph([r for _, r in roots])
-        prog = lookup(graph, _key(False, roots, graph), "read")
+        prog = lookup(graph, _request(False, roots, graph), "read")
         arrays.update(zip((uid for uid, _ in roots), _run(prog, graph)))
     hosts = download([resolve(s.storage.data if h else arrays[s.uid]) for s, h in zip(states, on_host)],
                      [(s.storage.meta if h else s.meta).dtype for s, h in zip(states, on_host)])

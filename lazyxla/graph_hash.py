@@ -21,7 +21,6 @@ trace objects it makes; reads ``XLA_AUTO_SPMD_MESH`` at each key.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 
 from .config import env_str
 from .hashing import encode, fold, merge
@@ -30,8 +29,8 @@ from .xla import compile_environment
 
 
 class KeyRequest:
-    """What one key is computed from. ``roots``: (root value hash, (tensor id, root IR value))
-    pairs in arena order; the second item only feeds summaries and explanations."""
+    """What one key is computed from. ``roots``: (tensor id, root IR value) pairs in arena
+    order; each root's merge is its value's hash, the tensor id only feeds summaries."""
 
     __slots__ = ("force_ltc_data", "roots", "param_sequence", "donated", "auto_sharding")
 
@@ -41,6 +40,12 @@ class KeyRequest:
         self.param_sequence = param_sequence
         self.donated = donated
         self.auto_sharding = auto_sharding
+
+    def ingredients(self) -> tuple:
+        """Everything the key is folded from, as one tuple: two requests with equal
+        ingredients have the same key (the environment is fixed for the process)."""
+        return (self.force_ltc_data, tuple([v[0].vh[v[1]] for _, v in self.roots]), tuple(self.param_sequence),
+                tuple(sorted(self.donated)), bool(self.auto_sharding), env_str("XLA_AUTO_SPMD_MESH"))
 
 
 _TRUE, _FALSE = fold(encode(True)), fold(encode(False))
@@ -70,8 +75,9 @@ def _environment(req):
 
 
 def _tensors(req):
-    for vh, detail in req.roots:
-        yield vh, None, detail  # the summary is written from the detail when read
+    for detail in req.roots:
+        v = detail[1]
+        yield v[0].vh[v[1]], None, detail  # the summary is written from the detail when read
 
 
 def _parameters(req):
@@ -153,13 +159,43 @@ def _describe_root(detail):
     return f"tensor {uid}: {node.op} -> {outs[idx]!r}{w}"
 
 
-@dataclass
 class FoldTrace:
-    steps: list = field(default_factory=list)
+    """The merges of one key, in order (``steps``). A trace made by ``reusing`` an earlier
+    trace of the same key writes its steps only when they are read (a warm lookup makes one
+    per sync and almost never reads it)."""
+
+    __slots__ = ("_steps", "_like", "_uids")
+
+    def __init__(self, steps=None):
+        self._steps = [] if steps is None else steps
+        self._like = self._uids = None
+
+    @classmethod
+    def reusing(cls, like: "FoldTrace", uids) -> "FoldTrace":
+        """The trace of ``like``'s key for a lookup whose synced tensors are ``uids`` (in
+        arena order): the same merges, each tensor merge naming this lookup's tensor."""
+        t = cls.__new__(cls)
+        t._steps, t._like, t._uids = None, like, uids
+        return t
+
+    @property
+    def steps(self) -> list:
+        s = self._steps
+        if s is None:
+            uids = iter(self._uids)
+            s = []
+            for st in self._like.steps:
+                if st.site == "tensors" and st.detail is not None:
+                    st = Step(st.site, None, st.ingredient, st.digest, (next(uids), st.detail[1]))
+                s.append(st)
+            self._steps = s
+        return s
 
     @property
     def key(self) -> bytes:
-        return self.steps[-1].digest
+        if self._steps is None:
+            return self._like.key
+        return self._steps[-1].digest
 
     @property
     def hex(self) -> str:

@@ -35,15 +35,16 @@ import torch
 
 from . import metrics
 from .errors import LazyXlaError
-from .ir import Node, OpSig, Slot, TensorMeta, data_leaf, fmt_where, user_frame
+from .ir import _DATA_SIGS, Node, OpSig, Slot, TensorMeta, data_leaf, data_sig, fmt_where, user_frame
 from .jax_internals import hlo_sharding_text
 from .lowering import lower_convert, lower_sharding, lower_view_scatter
 from .lowering.program import instantiate
-from .xla import TORCH_TO_JNP, scalar_array, sharding_tag, upload as _upload_array
+from .xla import TORCH_TO_JNP, scalar_array, sharding_tag, spmd, upload as _upload_array
 
 SHARDING_OP = "xla::sharding"  # torch_xla's custom-call name for a sharding annotation
 
 _weakref = weakref.ref
+_new = object.__new__
 _counters = metrics.COUNTERS
 
 # Moves on whenever a storage gets pending IR (a new op's output, an in-place write), never
@@ -97,6 +98,25 @@ class Storage:
         self.version += 1
         self.donate = False  # a user's donation mark belongs to the old buffer
 
+    @staticmethod
+    def set_all(storages, arrays):
+        """``set_data`` of each storage to its array (a sync's outputs, in order), in one loop:
+        a warm sync gives every output its buffer here."""
+        if spmd():
+            for st, a in zip(storages, arrays):
+                st.set_data(a)
+            return
+        sigs, new_node = _DATA_SIGS, Node
+        for st, a in zip(storages, arrays):
+            m = st.meta
+            sig = sigs.get(m)
+            if sig is None:
+                sig = data_sig(m)
+            st.ir = (new_node(sig, (), None, a, _weakref(st)), 0)
+            st.data = a
+            st.version += 1
+            st.donate = False
+
     def take_output(self, array, sig, owner):
         """``set_data`` for a replay's output, whose leaf signature (``ir.data_sig`` of this
         storage's meta) and owner reference (a weakref to this storage) are known already.
@@ -142,11 +162,14 @@ def constrained(value, meta, sharding):
 
 
 # ---------------------------------------------------------------------------------------
-# The arena: weak references to live states, in creation order (a dict keeps insertion
-# order; a weak reference hashes as its state did, so a dead one still finds its entry).
-# A dead state's reference stays until the arena is next walked (a sync, a read of the
-# counters, or every 2**14 new states): no Python callback on each tensor's death, and the
-# creation and destruction counters are settled then too.
+# The arena: weak references to live states, in creation order, keyed by the state's id (a
+# dict keeps insertion order). Not keyed by the weak reference itself: a dead reference keeps
+# the hash of the address its state had, and new states reuse freed addresses, so a step that
+# makes and drops many tensors (aliases, a region's outputs) piled equal hashes into long
+# probe chains (measured: 36 us per insert in a loop of detach()). A dead state's reference
+# stays until the arena is next walked (a sync, a read of the counters, or every 2**14 new
+# states): no Python callback on each tensor's death, and the creation and destruction
+# counters are settled then too.
 LIVE: dict = {}
 _ids = itertools.count(1)  # next() is atomic: ids stay unique when states are made on several threads
 _last_uid = 0      # the id of the newest state (CreateXlaTensor is settled from it when read)
@@ -166,6 +189,15 @@ def prune():
 metrics.BEFORE_READ.append(prune)
 
 
+def _enter_arena(state):
+    """Give a new state its id (R0) and its place in the arena."""
+    global _last_uid
+    state.uid = _last_uid = uid = next(_ids)
+    LIVE[uid] = _weakref(state)
+    if not uid & 0x3FFF:
+        prune()
+
+
 class TensorState:
     """One lazy tensor's value: which storage, through which views, with what meta."""
 
@@ -177,12 +209,8 @@ class TensorState:
         self.ir = ir        # a view's IR value, valid while version == storage.version
         self.version = version
         self.meta = meta
-        global _last_uid
-        self.uid = _last_uid = uid = next(_ids)
         self.copy_of_view = None  # the view op whose CPU result this is (a copy, not an alias)
-        LIVE[_weakref(self)] = None
-        if not uid & 0x3FFF:
-            prune()
+        _enter_arena(self)
 
     def value(self):
         """The tensor's current IR value, rebuilding a view's IR if its storage moved on."""
@@ -200,9 +228,12 @@ class TensorState:
 
     def alias(self) -> "TensorState":
         """A new tensor's state sharing this one's storage and view (``.data``, ``detach()``)."""
-        if self.chain is None:
-            return TensorState(self.storage, self.meta)
-        return TensorState(self.storage, self.meta, self.chain, self.ir, self.version)
+        s = _new(TensorState)  # TensorState's constructor, inlined (as in ``fresh``)
+        chain = self.chain
+        s.storage, s.chain, s.meta, s.copy_of_view = self.storage, chain, self.meta, None
+        s.ir, s.version = (None, -1) if chain is None else (self.ir, self.version)
+        _enter_arena(s)
+        return s
 
     def view(self, node, sig, from_storage=False) -> list:
         """The states of a view op's outputs: the same storage, one more link in the chain
@@ -273,8 +304,18 @@ _CONVERT_SIGS: dict = {}
 
 
 def fresh(value, meta: TensorMeta) -> TensorState:
-    """The state of a new tensor whose value is ``value`` in a storage of its own."""
-    return TensorState(Storage(value, meta), meta)
+    """The state of a new tensor whose value is ``value`` in a storage of its own: what
+    ``TensorState(Storage(value, meta), meta)`` makes, without the two constructor calls (the
+    warm path makes one for every output of a recorded op or a compiled region)."""
+    global PENDING_BORN
+    st = _new(Storage)
+    st.ir, st.data, st.meta, st.version, st.donate, st.sharding = value, None, meta, 0, False, None
+    if value is not None:
+        PENDING_BORN += 1
+    s = _new(TensorState)
+    s.storage, s.chain, s.ir, s.version, s.meta, s.copy_of_view = st, None, None, -1, meta, None
+    _enter_arena(s)
+    return s
 
 
 def converted(value, src_meta: TensorMeta, dst_meta: TensorMeta):
@@ -351,10 +392,10 @@ def live_states() -> list:
     """Live states in creation order; the references of dead ones are dropped (and counted)."""
     out = []
     dead = 0
-    for ref in list(LIVE):
+    for uid, ref in list(LIVE.items()):
         s = ref()
         if s is None:
-            LIVE.pop(ref, None)
+            del LIVE[uid]
             dead += 1
         else:
             out.append(s)
@@ -365,17 +406,26 @@ def live_states() -> list:
 
 def pending():
     """What a sync computes: (storages, roots) for each distinct storage of a live tensor
-    whose value is pending IR, in arena order; a root is (tensor id, the storage's IR value)."""
+    whose value is pending IR, in arena order; a root is (tensor id, the storage's IR value).
+    Walks the arena once, dropping (and counting) dead states' references as ``live_states``."""
     storages, roots, seen = [], [], set()
-    for s in live_states():
-        st = s.storage
-        sid = id(st)
-        if sid in seen:
+    dead = 0
+    for uid, ref in list(LIVE.items()):
+        s = ref()
+        if s is None:
+            del LIVE[uid]
+            dead += 1
             continue
-        seen.add(sid)
+        st = s.storage
         if st.data is None:
+            sid = id(st)
+            if sid in seen:
+                continue
+            seen.add(sid)
             storages.append(st)
-            roots.append((s.uid, st.ir))
+            roots.append((uid, st.ir))
+    if dead:
+        _counters["DestroyXlaTensor"] = _counters.get("DestroyXlaTensor", 0) + dead
     return storages, roots
 
 

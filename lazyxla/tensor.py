@@ -151,8 +151,9 @@ def dispatch(cls, func, types, args=(), kwargs=None):
     _, info, special = r
     if special is not None:
         out = special(func, info, args, kwargs or {})
-        if type(out) is not Record:
-            return _done(wrap(out))
+        t = type(out)
+        if t is not Record:  # an alias (detach, as AccumulateGrad does per parameter): one new tensor
+            return _done(_tensor(out) if t is TensorState else wrap(out))
         args, kwargs = wrap(out.args), out.kwargs
     # the signature key (the op, by its schema facts; each tensor's meta; each non-tensor
     # argument), collecting the operands: a tensor's IR value, or a Python scalar op value
@@ -201,8 +202,7 @@ def dispatch(cls, func, types, args=(), kwargs=None):
     node = Node(sig, vals, user_site(2))  # dispatch's caller, or the first user frame out of it
     if kind == "functional":
         if entry.returns == "one":
-            m = sig.outs[0]
-            out = _tensor(TensorState(Storage((node, 0), m), m))
+            out = _tensor(fresh((node, 0), sig.outs[0]))
         else:
             out = _as_returned([_tensor(fresh((node, i), m)) for i, m in enumerate(sig.outs)], entry.returns)
         if entry.pattern is not None:
