@@ -126,6 +126,19 @@ def row_compile_model(depth, n):
     return _synced(depth, n, "model")
 
 
+def row_compile_replay(depth, n):
+    """``torch.compile(train_step)`` inside ``lazyxla.compile(..., replay=True)``: the compiled
+    step captured once and replayed, so Dynamo, AOTAutograd, the autograd engine and the
+    optimizer's Python run only while capturing."""
+    torch._dynamo.reset()
+    lazyxla, model, opt, x, y = _lazy_state(depth)
+    compiled = torch.compile(train_step, backend="lazyxla")
+    step = lazyxla.compile(lambda x, y: compiled(model, opt, x, y), replay=True)
+    for _ in range(4):  # lazy, capture, the two checked replays
+        step(x, y)
+    return time_loop(lambda: step(x, y), n, lazyxla.wait_device_ops)
+
+
 def _captured(depth, step=train_step):
     lazyxla, model, opt, x, y = _lazy_state(depth)
     step(model, opt, x, y)  # warm up: the momentum buffers appear
@@ -156,8 +169,44 @@ def row_replay_step(depth, n):
 
 
 ROWS = {"jax.jit": row_jax, "jax.jit+grads": row_jax_grads, "eager": row_eager, "lazy": row_lazy, "compile-step": row_compile_step,
-        "compile-model": row_compile_model, "replay": row_replay, "replay-step": row_replay_step,
-        "replay-no-grads": row_replay_no_grads}
+        "compile-model": row_compile_model, "compile+replay": row_compile_replay, "replay": row_replay,
+        "replay-step": row_replay_step, "replay-no-grads": row_replay_no_grads}
+
+
+COMPILED_PHASES = (("PyTorch", "PyTorch's own machinery: Dynamo's frames and guards, AOTAutograd's wrappers, "
+                                "the autograd engine, the optimizer's and zero_grad's Python"),
+                   ("regions", "lazyxla: compiled regions' calls (one IR node each, a tensor per output)"),
+                   ("ops", "lazyxla: ops recorded one by one (AccumulateGrad's detach, backward's seed; for the "
+                           "compiled model also the optimizer)"),
+                   ("sync", "lazyxla: the sync besides JAX's call (collect, post-order, lookup, outputs)"),
+                   ("dispatch", "JAX: calling the program (and its output placeholders)"))
+
+
+def compiled_phases(depth, n, compiled="step"):
+    """Where a compiled step's host time goes (ms per step, medians of ``n`` steps, each
+    waited for): lazyxla's parts timed where the step enters them (``hosttimers``), PyTorch's
+    the rest of the traced step. The timers add about a microsecond per region call and
+    recorded op."""
+    import hosttimers
+    torch._dynamo.reset()
+    lazyxla, model, opt, x, y = _lazy_state(depth)
+    fn = torch.compile(train_step, backend="lazyxla") if compiled == "step" else train_step
+    m = torch.compile(model, backend="lazyxla") if compiled == "model" else model
+    rows = []
+    with hosttimers.install() as spent:
+        for i in range(n + 10):
+            hosttimers.reset()
+            t0 = time.perf_counter()
+            fn(m, opt, x, y)
+            t1 = time.perf_counter()
+            lazyxla.sync()
+            t2 = time.perf_counter()
+            lazyxla.wait_device_ops()
+            if i >= 10:
+                rows.append({"PyTorch": t1 - t0 - spent["regions"] - spent["ops"], "regions": spent["regions"],
+                             "ops": spent["ops"], "sync": t2 - t1 - spent["dispatch"], "dispatch": spent["dispatch"],
+                             "total": t2 - t0})
+    return {k: statistics.median(r[k] for r in rows) * 1e3 for k in rows[0]}
 
 
 def replay_phases(depth, n):
@@ -228,6 +277,19 @@ def main(argv=None):
             jslope = (val[("jax.jit", hi)] - val[("jax.jit", lo)]) / (hi - lo) if hi != lo else float("nan")
             print(f"{r:15}{cells}{slope:11.4f} ({slope / jslope if jslope else float('nan'):5.2f}x)")
         print()
+    for kind in ("step", "model"):
+        if f"compile-{kind}" in names:
+            print(f"where torch.compile's {kind} step's host time goes (ms per step, each waited for, medians; "
+                  f"per layer: the slope between depths {depths[0]} and {depths[-1]}):")
+            for name, what in COMPILED_PHASES:
+                print(f"  {name:9} {what}")
+            ph = {d: compiled_phases(d, args.steps, kind) for d in depths}
+            keys = [name for name, _ in COMPILED_PHASES] + ["total"]
+            print(f"  {'':9}" + "".join(f"{'depth ' + str(d):>12}" for d in depths) + f"{'per layer':>12}")
+            for k in keys:
+                slope = (ph[depths[-1]][k] - ph[depths[0]][k]) / (depths[-1] - depths[0]) if len(depths) > 1 else 0.0
+                print(f"  {k:9}" + "".join(f"{ph[d][k]:12.3f}" for d in depths) + f"{slope:12.4f}")
+            print()
     if "replay" in names:
         print("where a replay's time goes (ms, each replay waited for, medians):")
         for d in depths:

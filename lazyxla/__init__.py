@@ -19,7 +19,7 @@ import gc as _gc
 
 from . import autocast as _autocast
 from . import closures as _closures
-from . import data, debug, events as _events, experimental, progress  # noqa: F401  (public submodules)
+from . import data, debug, events as _events, experimental, hf, progress  # noqa: F401  (public submodules)
 from . import executor as _executor
 from . import kernels as _kernels
 from . import rng as _rng

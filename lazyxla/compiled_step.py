@@ -82,20 +82,21 @@ CHECK_EVERY = env_int("LAZYXLA_REPLAY_CHECK_EVERY", 0)
 
 
 def compile(fn=None, full_graph: bool = False, name: str | None = None, replay: bool = False,  # noqa: A001
-            check_every: int | None = None):
+            check_every: int | None = None, warmup: int = 1):
     """``fn`` wrapped so that each call is one step (synced before and after, one program);
     without ``fn``, a context manager and decorator doing the same. ``full_graph=True``: a value
     read inside the step raises ``LazyXlaError`` at the user's line instead of running a program.
 
     ``replay=True`` (a wrapper or decorator only): the step is captured once and its program
-    replayed with each call's arguments (``replay.ReplayedStep``); the first replays are traced
-    again and checked, then every ``check_every``-th (default ``LAZYXLA_REPLAY_CHECK_EVERY``, 0:
-    no more)."""
+    replayed with each call's arguments (``replay.ReplayedStep``): each new argument signature
+    runs lazily for ``warmup`` calls first (state the step makes on its first call, as an
+    optimizer's, appears), then is captured; the first replays are traced again and checked,
+    then every ``check_every``-th (default ``LAZYXLA_REPLAY_CHECK_EVERY``, 0: no more)."""
     every = CHECK_EVERY if check_every is None else int(check_every)
     if replay:
         def replayed(f):
             step_name = name or getattr(f, "__name__", None)
-            return ReplayedStep(f, _Step(full_graph, step_name)(f), step_name, check_every=every)
+            return ReplayedStep(f, _Step(full_graph, step_name)(f), step_name, check_every=every, warmup=warmup)
         return replayed if fn is None else replayed(fn)
     if fn is None:
         return _Step(full_graph, name)

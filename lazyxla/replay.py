@@ -196,7 +196,7 @@ class _Capture:
         self.was_eager = eager.ON
         eager.ON = False
         try:
-            executor.sync()  # what was pending before the capture is a step of its own
+            _settle()  # what was pending before the capture is a step of its own (nothing: no step)
         except BaseException:
             eager.ON = self.was_eager
             raise
@@ -704,17 +704,19 @@ class _Signature:
 
 
 class ReplayedStep:
-    """``lazyxla.compile(fn, replay=True)``: each argument signature's first call runs lazily
-    (``lazy``: the step as ``lazyxla.compile(fn)`` runs it), the next one captures the step and
-    replays it, later ones replay it, binding that call's arguments. The first ``checks``
+    """``lazyxla.compile(fn, replay=True)``: each argument signature's first ``warmup`` calls run
+    lazily (``lazy``: the step as ``lazyxla.compile(fn)`` runs it; a step whose first call makes
+    state, as an optimizer's does, needs one), the next one captures the step and replays it,
+    later ones replay it, binding that call's arguments. The first ``checks``
     replays, and every ``check_every``-th after them, trace the step again and compare its key
     and frozen values with the capture's (a difference raises before anything runs). A stale
     binding (a freed or rebound tensor, a changed ``training`` flag or hyperparameter) or a new
     argument signature captures again, at most ``max_captures`` times; every capture after the
     first is recorded in ``lazyxla.debug.recompile_log()`` with its reason."""
 
-    def __init__(self, fn, lazy, name, checks=2, check_every=0, max_captures=8):
+    def __init__(self, fn, lazy, name, checks=2, check_every=0, max_captures=8, warmup=1):
         self.fn = fn
+        self.warmup = int(warmup)
         self.lazy = lazy
         self.name = name or getattr(fn, "__name__", "step")
         self.checks = int(checks)
@@ -743,8 +745,8 @@ class ReplayedStep:
             sig = self._sigs[key] = _Signature()
         if sig.binding is None:
             sig.calls += 1
-            if sig.calls == 1 or self.captures >= self.max_captures:
-                if sig.calls > 1:
+            if sig.calls <= self.warmup or self.captures >= self.max_captures:
+                if sig.calls > self.warmup:
                     _COUNTERS["GraphReplayLazyCall"] = _COUNTERS.get("GraphReplayLazyCall", 0) + 1
                 return self.lazy(*args, **kwargs)
             why = "first capture" if self.captures == 0 else self._new_signature_reason(key)
