@@ -201,6 +201,11 @@ class FoldTrace:
     def hex(self) -> str:
         return self.key.hex()
 
+    @property
+    def force_ltc_data(self) -> bool:
+        """The first merge's value: true for a sync's key, false for a value read's."""
+        return self.steps[0].ingredient == _TRUE
+
     def by_site(self) -> dict:
         """site -> the steps merged there, in order, for every site of R3."""
         d = {s: [] for s in SITES}

@@ -228,3 +228,24 @@ def test_every_op_of_a_training_step_keeps_the_users_line():
     here = os.path.basename(__file__)
     assert where == {(here, line) for line in lines.values()}, where
     lazyxla.sync()
+
+
+def test_a_graph_that_grows_read_after_read_says_nothing_was_synced():
+    """A loop that reads a value every iteration and never syncs (HF's generate does) compiles a
+    larger program each time: the record says the graph grew, names the key it grew from and
+    says what to do."""
+    dev = lazyxla.device()
+    x = torch.ones(8).to(dev)
+    lazyxla.sync()
+    n = len(lazyxla.debug.recompile_log())
+    for _ in range(4):
+        x = torch.tanh(x * 1.5 + 0.25)
+        float(x.sum())
+    recs = lazyxla.debug.recompile_log()[n:]
+    assert len(recs) == 4
+    for prev, rec in zip(recs[1:], recs[2:]):
+        assert rec.closest == prev.hash
+        assert rec.text.startswith("The graph grew: it holds ")
+        assert f"operations below key {prev.hash[:16]}" in rec.text
+        assert "lazyxla.sync() once per iteration" in rec.text
+    lazyxla.sync()

@@ -345,6 +345,51 @@ def _hint(a, b):
 
 
 # ---------------------------------------------------------------------------------------
+# A graph that holds nearly all of a recent key's operations and more: nothing was synced in
+# between, so the pending IR grew (a loop that reads a value every iteration and never syncs).
+_GROWN_LOOKBACK = 3      # recent keys looked at
+_GROWN_SHARE = 0.9       # of the earlier key's operations found in the new graph
+_GROWN_BUDGET = 20000    # nodes walked per graph
+
+
+def _op_hashes(trace, roots=True) -> set:
+    """The hashes of the op nodes (not device data) under a trace's tensor merges; without the
+    roots themselves when ``roots`` is false (what a later graph built on these values holds)."""
+    seen, hashes, stack, tops = set(), set(), [], set()
+    for st in trace.steps:
+        if st.site == "tensors" and st.detail is not None and hasattr(st.detail[1][0], "operands"):
+            stack.append(st.detail[1][0])
+            tops.add(id(st.detail[1][0]))
+    while stack and len(seen) < _GROWN_BUDGET:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if not n.is_data and (roots or id(n) not in tops):
+            hashes.add(n.hash)
+        stack.extend(o for o, _ in n.operands)
+    return hashes
+
+
+def _grown(trace, recent):
+    """(the key, a sentence) when a value read's graph holds nearly all operations of one of the
+    ``recent`` value reads (the latest first; its roots aside: a read's own last op) and more;
+    else (None, ""). (A sync's graph holds a read's before it by design: reads keep the IR.)"""
+    new = _op_hashes(trace)
+    for old in reversed(recent):
+        if old.key == trace.key or old.force_ltc_data:
+            continue
+        ops = _op_hashes(old, roots=False)
+        held = len(ops & new)
+        if ops and len(new) > len(ops) and held >= _GROWN_SHARE * len(ops):
+            return old, (f"The graph grew: it holds {held} of the {len(ops)} operations below key {old.hex[:16]}'s "
+                         f"roots and {len(new) - held} more, so nothing was synced since and they are computed "
+                         f"again, in a larger program. A loop that reads a value every iteration and never syncs "
+                         f"(HuggingFace's generate is one) compiles a larger program every iteration: call "
+                         f"lazyxla.sync() once per iteration (for generate: custom_generate=lazyxla.hf.generate).")
+    return None, ""
+
+
 _DISK: list | None = None  # fold traces of programs other processes stored in the persistent cache
 
 
@@ -402,8 +447,11 @@ class Recorder:
         trace = prog.trace
         earlier = [t for t in _disk_history() + _HISTORY if t.key != trace.key]
         if earlier:
-            old = closest(trace, earlier)
+            grown_from, growth = _grown(trace, _HISTORY[-_GROWN_LOOKBACK:]) if cause == "read" else (None, "")
+            old = grown_from or closest(trace, earlier)
             sites, text, where = explain(trace, old)
+            if growth:
+                text = f"{growth} {text}"
             rec = RecompileRecord(len(_LOG) + 1, sites[0] if sites else None, text, trace.hex, old.hex,
                                   prog.compile_ns, cause, where, trace, sites)
         else:
