@@ -11,6 +11,11 @@ layers), in this one run, ms per step of:
 - lazy: lazyxla's lazy path (record every op, ``lazyxla.sync()``);
 - compile-step: ``torch.compile(train_step, backend="lazyxla")``, one sync per step;
 - compile-model: ``torch.compile(model, backend="lazyxla")``, backward and step as usual;
+- inductor: ``torch.compile(train_step)`` with PyTorch's own compiler on CPU tensors: the same
+  Dynamo frames, AOTAutograd, autograd engine and optimizer, around inductor's kernels;
+- compile+replay: ``torch.compile(train_step, backend="lazyxla")`` inside
+  ``lazyxla.compile(..., replay=True)``: captured once, replayed (no Dynamo, AOTAutograd,
+  autograd engine or optimizer Python per call);
 - replay: the step captured once with ``lazyxla.graph`` and ``g.replay()`` per step;
 - replay-step: ``lazyxla.compile(train_step, replay=True)`` called per step (its checks done);
 - replay-no-grads: as replay, the step clearing the gradients at its end instead of its start
@@ -19,10 +24,13 @@ layers), in this one run, ms per step of:
 Then each row's ratio to jax.jit and what it adds per layer (the slope between the smallest and
 the largest depth), as the median and as the best of ``--repeats`` interleaved runs (this
 machine's speed moves by 2x within minutes), and where a replay's time goes (binding the
-buffers, JAX's dispatch, the outputs and the end of the step).
+buffers, JAX's dispatch, the outputs and the end of the step), and where a torch.compile'd
+step's time goes by depth (PyTorch's machinery; lazyxla's region calls, ops recorded one by
+one and sync; JAX's call).
 Issue 22's target: replay <= 1.5x jax.jit at every depth. A PyTorch step leaves every ``.grad``
 live, so its program must return the gradients too: compare replay with jax.jit+grads, and
-replay-no-grads with jax.jit.
+replay-no-grads with jax.jit. Issue 23's: the compiled step <= 3x jax.jit at the largest depth
+and per layer.
 Usage: python bench/hostcost.py [--depths 2,8,32] [--steps N] [--repeats R] [--only ROWS]
 """
 from __future__ import annotations
@@ -126,6 +134,22 @@ def row_compile_model(depth, n):
     return _synced(depth, n, "model")
 
 
+def row_inductor(depth, n):
+    """PyTorch's own compiler on the CPU: ``torch.compile(train_step)`` (inductor) on CPU tensors,
+    the same Dynamo frames, AOTAutograd, autograd engine and optimizer around kernels of its own:
+    what PyTorch's per-call machinery costs with no lazy device at all. NaN where inductor
+    cannot compile (it needs a C++ compiler)."""
+    torch._dynamo.reset()
+    model = make_model(depth)
+    opt = _opt(model)
+    x, y = make_batch()
+    fn = torch.compile(train_step)
+    try:
+        return time_loop(lambda: fn(model, opt, x, y), n, lambda: None)
+    except Exception:  # noqa: BLE001 - no compiler on this machine: a reference row only
+        return float("nan")
+
+
 def row_compile_replay(depth, n):
     """``torch.compile(train_step)`` inside ``lazyxla.compile(..., replay=True)``: the compiled
     step captured once and replayed, so Dynamo, AOTAutograd, the autograd engine and the
@@ -169,7 +193,8 @@ def row_replay_step(depth, n):
 
 
 ROWS = {"jax.jit": row_jax, "jax.jit+grads": row_jax_grads, "eager": row_eager, "lazy": row_lazy, "compile-step": row_compile_step,
-        "compile-model": row_compile_model, "compile+replay": row_compile_replay, "replay": row_replay,
+        "compile-model": row_compile_model, "inductor": row_inductor, "compile+replay": row_compile_replay,
+        "replay": row_replay,
         "replay-step": row_replay_step, "replay-no-grads": row_replay_no_grads}
 
 

@@ -138,8 +138,9 @@ def timed(spent, name, fn):
 
 
 SYNC_PHASES = (("pending", "collect the pending tensors"), ("Graph", "post-order and parameters"),
-               ("buffer_donors", "donation plan"), ("_key", "graph hash (six merges)"),
-               ("lookup", "cache lookup"), ("_run", "dispatch (JAX's call, completion queue)"))
+               ("buffer_donors", "donation plan"),
+               ("lookup", "graph hash and cache lookup (a warm key's fold is remembered by its ingredients)"),
+               ("_run", "dispatch (JAX's call, completion queue)"))
 
 
 def sync_phases(n):

@@ -90,8 +90,10 @@ def generate(model, input_ids, logits_processor=None, stopping_criteria=None, ge
     kept_scores, kept_logits = [scores], [raw]
     dec.length += 1
     while dec.length < dec.total and not (dec.has_eos and bool(done)):
-        traced = not dec.replay or not dec.warm  # a new decoder traces its first token (a compiled
-        run = dec.step if traced else dec.run   # forward's first call at a shape is not its later ones)
+        # a new decoder traces its first token before capturing: a compiled forward's first
+        # call at a shape records what its later calls do not
+        traced = not dec.replay or not dec.warm
+        run = dec.step if traced else dec.run
         token, unfinished, cur, done, scores, raw, pos = run(token, pos, unfinished, cur)
         if traced:
             executor.sync()
@@ -107,10 +109,10 @@ def generate(model, input_ids, logits_processor=None, stopping_criteria=None, ge
 
 
 class _Decoder:
-    """One kind of generation's per-token step and the buffers it works in: the sequence at its
-    final length and the padding mask at the cache's. Kept per model for a later ``generate``
-    of the same kind (same cache object, shapes and selection), whose tokens then replay the
-    step captured before instead of capturing it again."""
+    """One kind of generation's per-token step and what it works in: the sequence at its final
+    length, the padding mask at the cache's length, and the cache. Kept per model for a later
+    ``generate`` of the same kind (shapes, selection, cache layers; ``_kind``), whose tokens
+    then replay the step captured before instead of capturing it again."""
 
     def __init__(self, model, cfg, processors, criteria, model_kwargs, batch, replay):
         self.model = model

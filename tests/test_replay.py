@@ -645,3 +645,27 @@ def test_the_check_interval_comes_from_the_environment():
             "print(met.counter_value('GraphReplayCheck'))\n")
     (checks,) = json_runs(code, LAZYXLA_REPLAY_CHECK_EVERY="4")
     assert checks == 4  # the first two replays, then replays 6 and 10
+
+
+def test_every_call_after_the_warmup_ends_one_step_so_sampling_repeats_after_manual_seed():
+    """warmup=0 captures at the first call; captured, checked and replayed calls each end one
+    step (a capture with nothing pending before it adds none), so the numbers a step draws
+    after manual_seed do not depend on which of them a call was."""
+    w = next(_widths)
+    probs = torch.softmax(torch.randn(3, w), dim=-1).to(DEV)
+    lazyxla.sync()
+
+    def draw(p):
+        return torch.multinomial(p, 2, replacement=True)
+
+    lazyxla.manual_seed(11)
+    step = lazyxla.compile(draw, replay=True, warmup=0)
+    d = Delta("MarkStep", "GraphCapture", "GraphReplayCheck", "GraphReplay")
+    first = [step(probs).cpu() for _ in range(5)]  # captured, two checked, two replayed
+    assert d["GraphCapture"] == 1 and d["GraphReplayCheck"] == 2 and d["GraphReplay"] == 5
+    assert d["MarkStep"] == 5
+    lazyxla.manual_seed(11)
+    again = [step(probs).cpu() for _ in range(5)]  # replayed, every one
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+    assert len({tuple(t.flatten().tolist()) for t in first}) > 1  # each step drew new numbers
