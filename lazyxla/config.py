@@ -14,6 +14,9 @@ from __future__ import annotations
 import os
 
 __version__ = "0.1.0"
+# The torch_xla release whose Python API lazyxla follows (names, arguments, counters, report
+# format): what ``torch_xla.__version__`` says under ``lazyxla run``, with lazyxla's as its local part.
+TORCH_XLA_API = "2.9.0"
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")

@@ -28,7 +28,7 @@ from .ir import TensorMeta
 from .storage import device_data
 from .tensor import LazyTensor
 
-__all__ = ["DeviceLoader", "SampleGenerator"]
+__all__ = ["DeviceLoader", "SampleGenerator", "send_to_device"]
 
 _END = object()
 
@@ -65,6 +65,13 @@ def _device_leaf(x, device):
     if isinstance(x, torch.Tensor):
         return x.to(device)
     return x
+
+
+def send_to_device(data, device):
+    """``data`` with every CPU tensor in it uploaded to ``device`` (torch_xla's
+    ``xm.send_cpu_data_to_device``): a new structure of the same containers, the tensors already
+    on the device and every other value as they are; ``data`` is not changed."""
+    return tree_map(lambda x: _device_leaf(_upload_leaf(x), device), data)
 
 
 def _put(q, stop, item) -> bool:

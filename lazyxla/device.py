@@ -2,7 +2,9 @@
 
 Importing this module renames PyTorch's PrivateUse1 backend to ``lazyxla`` and registers
 its device module (what PyTorch asks of a backend: AMP dtypes, seeds, device counts,
-``synchronize``), so that ``torch.device("lazyxla")`` exists; ``DEVICE`` is ``lazyxla:0``.
+``synchronize``), so that ``torch.device("lazyxla")`` exists; ``DEVICE`` is ``lazyxla:0``. It is
+not one of ``torch.accelerator``'s accelerators (``torch.lazyxla.is_available()`` says so), so a
+DataLoader with ``pin_memory=True`` does not try to pin for it.
 ``device()`` is torch_xla's ``torch_xla.device()``.
 
 PyTorch's autograd engine runs the backward of a non-CPU device on a thread of its own; for
@@ -32,7 +34,12 @@ class _DeviceModule:
 
     @staticmethod
     def is_available():
-        return True
+        """False: lazyxla is not one of ``torch.accelerator``'s accelerators (which ask this), as
+        torch_xla's device is not. PyTorch's DataLoader pins batches for an available accelerator,
+        and pinning needs an allocator a Python backend cannot give (PyTorch raises); lazyxla
+        uploads through JAX, for which pinned host memory does nothing. ``lazyxla.device()``
+        works all the same."""
+        return False
 
     @staticmethod
     def is_initialized():

@@ -5,24 +5,19 @@
 - factories aimed at the device (``torch.zeros(..., device=lazyxla.device())``, ``arange``,
   ``rand``, ``empty`` ...) and a fallback for any other op reaching the key: recorded by the
   warm path (``tensor.dispatch``);
-- uploads (``_to_copy`` of a CPU tensor: ``.to(device)``, ``Module.to``), with a warning when
-  ``Module.to`` unties tied weights;
+- uploads (``_to_copy`` of a CPU tensor: ``.to(device)``, ``Module.to``), and ``Module._apply``
+  wrapped so that ``model.to(lazyxla.device())`` keeps tied weights tied, as it does for CUDA;
 - for the AutogradPrivateUse1 key, PyTorch's decompositions of the recurrent layers (its
   composite RNNs pick fused cells that exist only for CUDA on a non-CPU device).
 
-May touch: PyTorch's dispatcher registrations (once).
+May touch: PyTorch's dispatcher registrations and ``torch.nn.Module._apply`` (once).
 """
 from __future__ import annotations
-
-import warnings
-import weakref
 
 import torch
 
 from . import lowering
 from .device import DEVICE
-from .ir import user_frame
-from .signature import describe
 from .tensor import LazyTensor, dispatch, to_device
 
 aten = torch.ops.aten
@@ -49,33 +44,42 @@ def _make_factory(op):
 def _upload_to_copy(src, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
                     memory_format=None):
     host = src if dtype is None or dtype == src.dtype else src.to(dtype)
-    up = to_device(host)
-    if isinstance(src, torch.nn.Parameter):
-        _note_parameter_upload(src, up)
-    return up
+    return to_device(host)
 
 
-# A CPU parameter shared by two modules (tied weights) reaches the upload once per module when
-# ``model.to(lazyxla.device())`` converts them: PyTorch keeps the tie only for devices whose
-# tensors can take a CPU tensor's data in place (CUDA can; lazyxla's, like torch_xla's, cannot).
-# Two live uploads of one unchanged parameter say the tie was broken: tell the user.
-# id of a live CPU Parameter -> (a weak reference whose callback drops the entry when the
-# Parameter dies, its version, a weak reference to its upload's storage)
-_UPLOADED_PARAMS: dict = {}
+# ``Module._apply`` (behind ``.to()``, ``.cuda()``, ``.half()`` ...) makes a new Parameter for each
+# module that holds a parameter when the device's tensors cannot take a CPU tensor's data in place
+# (CUDA's can, lazyxla's, like torch_xla's, cannot): a Parameter shared by two modules (tied
+# weights: an embedding and the output layer) would come out as two independent ones. The
+# wrapper below puts the tie back: after the move, every place that held one Parameter holds the
+# first new one, as eager PyTorch keeps them.
+_module_apply = torch.nn.Module._apply
+_applying = [0]  # depth of nested _apply calls (a module's _apply calls its children's)
 
 
-def _note_parameter_upload(src, up):
-    prev = _UPLOADED_PARAMS.get(id(src))
-    if prev is not None and prev[1] == src._version and prev[2]() is not None:
-        where = user_frame(1) or ("<unknown>", 0, "")
-        warnings.warn_explicit(
-            f"lazyxla: the same Parameter ({describe(src)}) was moved to {DEVICE} twice: if it is shared by "
-            f"two modules (tied weights), Module.to() gave each module its own copy (torch_xla does the same). "
-            f"Tie them again after .to(), e.g. model.head.weight = model.embed.weight, or call the model's "
-            f"tie_weights().", UserWarning, where[0], where[1], module="lazyxla")
-    key = id(src)
-    _UPLOADED_PARAMS[key] = (weakref.ref(src, lambda _r, k=key: _UPLOADED_PARAMS.pop(k, None)), src._version,
-                             weakref.ref(up._state.storage))
+def _apply_keeping_ties(self, fn, recurse=True):
+    """``nn.Module._apply``, then tied parameters that became lazy tensors tied again."""
+    if _applying[0]:
+        return _module_apply(self, fn, recurse)
+    places: dict = {}  # id(parameter) -> (the parameter, [(module, name), ...])
+    for m in (self.modules() if recurse else (self,)):
+        for name, p in m._parameters.items():
+            if p is not None:
+                places.setdefault(id(p), (p, []))[1].append((m, name))
+    _applying[0] += 1
+    try:
+        out = _module_apply(self, fn, recurse)
+    finally:
+        _applying[0] -= 1
+    for _, held in places.values():
+        if len(held) < 2:
+            continue
+        first = held[0][0]._parameters[held[0][1]]
+        if type(first) is LazyTensor:
+            for m, name in held[1:]:
+                if type(m._parameters[name]) is LazyTensor:
+                    m._parameters[name] = first
+    return out
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
@@ -98,6 +102,7 @@ def register() -> None:
     """Register the kernels (once per process)."""
     if _LIBRARIES:
         return
+    torch.nn.Module._apply = _apply_keeping_ties
     lib = torch.library.Library("aten", "IMPL")
     lib.impl("_to_copy", _upload_to_copy, "PrivateUse1")
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")

@@ -60,7 +60,7 @@ class Storage:
     """The value shared by a tensor and all its aliases. ``sharding`` (SPMD): the layout the
     user annotated (``mark_sharding``), kept through in-place updates."""
 
-    __slots__ = ("ir", "data", "version", "meta", "donate", "sharding", "__weakref__")
+    __slots__ = ("ir", "data", "version", "meta", "donate", "sharding", "untyped", "__weakref__")
 
     def __init__(self, ir, meta, data=None):
         global PENDING_BORN
@@ -70,6 +70,7 @@ class Storage:
         self.version = 0
         self.donate = False
         self.sharding = None
+        self.untyped = None  # the meta storage a tensor's untyped_storage() shows, made when asked
         if ir is not None:
             PENDING_BORN += 1
 
@@ -309,7 +310,7 @@ def fresh(value, meta: TensorMeta) -> TensorState:
     warm path makes one for every output of a recorded op or a compiled region)."""
     global PENDING_BORN
     st = _new(Storage)
-    st.ir, st.data, st.meta, st.version, st.donate, st.sharding = value, None, meta, 0, False, None
+    st.ir, st.data, st.meta, st.version, st.donate, st.sharding, st.untyped = value, None, meta, 0, False, None, None
     if value is not None:
         PENDING_BORN += 1
     s = _new(TensorState)

@@ -90,6 +90,18 @@ class LazyTensor(torch.Tensor):
     def numpy(self, *, force=False):
         return self.cpu().numpy()
 
+    def untyped_storage(self):
+        """What code that compares storages sees: one meta storage per lazyxla storage (a
+        tensor and its aliases and views share it), of the storage's size, whose data pointer
+        is 0, as a tensor with no host memory has (safetensors and HuggingFace tell shared
+        tensors apart by it). PyTorch's own storage of a wrapper tensor refuses its pointer."""
+        st = self._state.storage
+        u = st.untyped
+        if u is None:
+            m = st.meta
+            u = st.untyped = torch.UntypedStorage(m.numel * m.dtype.itemsize, device="meta")
+        return u
+
     def __reduce_ex__(self, proto):
         # torch.save: the value (one value read) and where it goes back to; loadable with
         # torch.load(weights_only=True) once lazyxla is imported.

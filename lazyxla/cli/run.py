@@ -5,10 +5,11 @@ submodules give lazyxla's compatibility modules, in this process and in the proc
 spawns), then runs the script as ``python SCRIPT ARGS`` would (``cli.script.run_script``:
 ``__main__``, ``sys.argv``, the script's directory first on ``sys.path``) and exits with its
 exit code. Every argument after SCRIPT is the script's. A nonexistent script is a one-line
-error and exit code 2.
+error and exit code 2. Not under a launcher, it sets ``LOCAL_RANK=0`` (a world of one says its
+local rank as torchrun would; HuggingFace's accelerate reads it there).
 
-May touch: ``sys.meta_path`` (the torch_xla finder, for the rest of the process) and whatever
-the user's script touches.
+May touch: ``sys.meta_path`` (the torch_xla finder, for the rest of the process), ``LOCAL_RANK`` in
+the environment, and whatever the user's script touches.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import os
 import sys
 
 from .. import closures, compat
+from ..config import env_str
 from .script import run_script
 
 
@@ -32,6 +34,10 @@ def run(args) -> int:
         print(f"lazyxla run: error: no such script: {args.script}", file=sys.stderr)
         return 2
     compat.install()
+    if not env_str("LOCAL_RANK").strip() and not env_str("RANK").strip():
+        # not under a launcher: this process is a world of one, and says so as torchrun would
+        # (accelerate reads its local rank only from here when the device is not a TPU)
+        os.environ["LOCAL_RANK"] = "0"
     code = run_script(args.script, list(args.args))
     closures.wait_async_closures()
     try:

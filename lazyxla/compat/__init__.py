@@ -4,7 +4,8 @@ modules (``lazyxla/compat/torch_xla/...``).
 ``install()`` puts a finder first on ``sys.meta_path`` that answers ``torch_xla`` and every
 ``torch_xla.x.y`` with the module ``lazyxla.compat.torch_xla.x.y`` itself (both names give the
 same module object); a torch_xla module lazyxla has no counterpart for is a
-``ModuleNotFoundError`` naming it. It also makes processes started with multiprocessing's
+``ModuleNotFoundError`` naming it (and, for those in ``NOT_OFFERED_MODULES``, the nearest
+alternative). It also makes processes started with multiprocessing's
 ``spawn`` (``torch_xla.launch``, ``xmp.spawn`` with several processes) install the finder before
 they run the script again as ``__mp_main__``. Only ``lazyxla run`` calls ``install()``: nothing
 changes in any other process, and no package named ``torch_xla`` is installed.
@@ -65,6 +66,21 @@ class _Alias(importlib.abc.Loader):
         pass
 
 
+# torch_xla modules lazyxla does not offer that scripts and libraries reach for, with the nearest
+# alternative an import error names (any other missing one names the README)
+NOT_OFFERED_MODULES = {
+    "torch_xla.amp.syncfree": "torch.optim's Adam, AdamW or SGD, fused or not, whose steps lazyxla records on the "
+                              "device; for the HuggingFace Trainer, optim=\"adamw_torch_fused\" (its default) or "
+                              "\"adamw_torch\" instead of \"adamw_torch_xla\"",
+    "torch_xla.distributed.fsdp": "data-parallel training across processes (the HuggingFace Trainer under torchrun "
+                                  "without fsdp, lazyxla.distributed.optimizer_step), or parameters sharded over a "
+                                  "device mesh with lazyxla.distributed.spmd.mark_sharding",
+    "torch_xla.experimental.spmd_fully_sharded_data_parallel": "lazyxla.distributed.spmd.mark_sharding on the "
+                                                               "parameters, or data-parallel training under "
+                                                               "torchrun without fsdp",
+}
+
+
 class TorchXlaFinder(importlib.abc.MetaPathFinder):
     """Finds ``torch_xla[.x.y]`` as ``lazyxla.compat.torch_xla[.x.y]``, the same module object."""
 
@@ -77,7 +93,10 @@ class TorchXlaFinder(importlib.abc.MetaPathFinder):
         except ModuleNotFoundError as e:
             if e.name != real:
                 raise
-            raise ModuleNotFoundError(f"{fullname} is not offered by lazyxla ({README})", name=fullname) from None
+            alt = next((a for m, a in NOT_OFFERED_MODULES.items() if fullname == m or fullname.startswith(m + ".")),
+                       None)
+            hint = f"nearest lazyxla alternative: {alt}" if alt else README
+            raise ModuleNotFoundError(f"{fullname} is not offered by lazyxla ({hint})", name=fullname) from None
         return importlib.util.spec_from_loader(fullname, _Alias(module))
 
 

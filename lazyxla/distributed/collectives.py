@@ -136,12 +136,25 @@ def broadcast(t, root: int = 0):
     return _record("xla::broadcast", lower_broadcast, t, t.shape, (("root", int(root)), ("world", n)), where)
 
 
+def gradients(optimizer) -> list:
+    """The gradients of the optimizer's parameters that have one, in its order (torch_xla's
+    ``xm._fetch_gradients``)."""
+    return [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+
+
+def broadcast_(tensors, root: int = 0):
+    """Process ``root``'s value of each tensor in the list, written into it in every process
+    (torch_xla's ``xm.collective_broadcast``)."""
+    for t in tensors:
+        copy_into(t, broadcast(t, root))
+    return tensors
+
+
 def reduce_gradients(optimizer, groups=None, pin_layout=True):
     """Average every parameter's gradient across processes (in place)."""
     n = world.world_size()
     if n > 1:
-        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        all_reduce(REDUCE_SUM, grads, scale=1.0 / n, groups=groups)
+        all_reduce(REDUCE_SUM, gradients(optimizer), scale=1.0 / n, groups=groups)
 
 
 def optimizer_step(optimizer, barrier=False, optimizer_args=None, groups=None, pin_layout=True):

@@ -22,13 +22,14 @@ import socket
 
 import jax
 import numpy as np
+import torch
 
 from .. import execution, jax_internals, xla
 from ..config import env_int, env_str
 from ..errors import LazyXlaError
 from ..lowering import PROCESS_AXIS as AXIS  # the process axis that the collectives reduce over
 
-_state = {"world": 1, "rank": 0, "local_rank": 0}  # the job's mesh is xla.process_mesh()
+_state = {"world": 1, "rank": 0, "local_rank": 0, "local_world": 1, "node": 0}  # the mesh: xla.process_mesh()
 
 
 def world_size() -> int:
@@ -44,6 +45,16 @@ def global_ordinal() -> int:
 def local_ordinal() -> int:
     """This process's rank on its machine."""
     return _state["local_rank"]
+
+
+def local_world_size() -> int:
+    """How many of the job's processes run on this machine (torchrun's ``LOCAL_WORLD_SIZE``)."""
+    return _state["local_world"]
+
+
+def node_rank() -> int:
+    """This machine's rank among the job's machines (torchrun's ``GROUP_RANK``)."""
+    return _state["node"]
 
 
 def process_mesh():
@@ -80,8 +91,10 @@ def init(rank=None, world_size=None, master_addr=None, master_port=None, local_r
     local = _env_int("LOCAL_RANK", local_rank, default=rank)
     if world < 1 or not 0 <= rank < world:
         raise LazyXlaError(f"lazyxla.distributed.init: rank {rank} is not within a world of {world} processes")
+    local_world = _env_int("LOCAL_WORLD_SIZE", None, default=world)
+    node = _env_int("GROUP_RANK", None, default=0)
     if world == 1:
-        _state.update(world=1, rank=0, local_rank=local)
+        _state.update(world=1, rank=0, local_rank=local, local_world=1, node=0)
         return
     addr = master_addr or env_str("MASTER_ADDR") or "127.0.0.1"
     port = _env_int("LAZYXLA_COORDINATOR_PORT", None, default=0) or _env_int("MASTER_PORT", master_port) + 1
@@ -104,11 +117,33 @@ def init(rank=None, world_size=None, master_addr=None, master_port=None, local_r
     for d in jax.devices():  # by position, not id: ids are not contiguous across processes
         firsts.setdefault(d.process_index, d)
     mesh = jax.sharding.Mesh(np.array([firsts[p] for p in range(world)]), (AXIS,))
-    _state.update(world=world, rank=rank, local_rank=local)
+    _state.update(world=world, rank=rank, local_rank=local, local_world=local_world, node=node)
     xla.set_process_mesh(mesh)
     execution.explain_failure = _lost_processes
     from ..cache import computation_cache
     computation_cache().clear()
+
+
+def launched() -> bool:
+    """Whether a launcher (torchrun) started this process as one of several: ``RANK`` and a
+    ``WORLD_SIZE`` above 1 in its environment."""
+    return bool(env_str("RANK").strip()) and _env_int("WORLD_SIZE", None, default=1) > 1
+
+
+def set_replication(device, devices=()) -> None:
+    """torch_xla's ``xm.set_replication(device, devices)``: the devices this process's
+    collectives replicate over. lazyxla's collectives always span the whole job, one device per
+    process, so this checks that ``device`` (and each of ``devices``) is this process's device
+    and, if a launcher started this process as one of several and it has not joined its job
+    yet, joins it (``init()`` from the launcher's environment)."""
+    from ..device import DEVICE
+    for d in [device, *list(devices or ())]:
+        dev = torch.device(d)
+        if dev.type != DEVICE.type or (dev.index or 0) != 0:
+            raise LazyXlaError(f"lazyxla.distributed.set_replication: {dev} is not this process's device "
+                               f"{DEVICE} (lazyxla runs one device per process)")
+    if _state["world"] == 1 and launched():
+        init()
 
 
 def _agree_on_world(rank, world, timeout):

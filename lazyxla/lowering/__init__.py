@@ -57,3 +57,4 @@ from . import complex  # noqa: F401
 from . import special  # noqa: F401
 from . import batch_norm  # noqa: F401  (after PyTorch's table: eval returns empty saved statistics)
 from . import amp  # noqa: F401  (after PyTorch's table, which registry loads: the gradient scaler's ops)
+from . import optim  # noqa: F401  (likewise: the fused Adam and AdamW steps)

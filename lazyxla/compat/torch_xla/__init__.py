@@ -12,6 +12,7 @@ import jax
 
 import lazyxla
 import lazyxla.distributed
+from lazyxla.config import TORCH_XLA_API
 
 from ..  import not_offered
 from . import _XLAC, amp, core, debug, distributed, experimental, runtime, utils  # noqa: F401
@@ -19,7 +20,8 @@ from .core import xla_model  # noqa: F401
 from .debug import metrics  # noqa: F401
 from .utils import utils as _utils  # noqa: F401
 
-__version__ = f"{lazyxla.__version__}+lazyxla"
+# the torch_xla release whose API lazyxla follows; the local part names lazyxla (PEP 440)
+__version__ = f"{TORCH_XLA_API}+lazyxla.{lazyxla.__version__}"
 
 
 def device(index: int | None = None):

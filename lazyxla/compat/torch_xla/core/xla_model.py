@@ -2,9 +2,11 @@
 
 Steps: ``mark_step`` -> ``lazyxla.sync``, ``wait_device_ops``, ``add_step_closure``
 (``lazyxla.add_step_closure``). Reporting: ``RateTracker``, ``master_print``, ``is_master_ordinal``
-(``lazyxla.progress``). Processes: ``optimizer_step``, ``reduce_gradients``, ``all_reduce``,
-``all_gather``, ``reduce_scatter``, ``rendezvous`` (``lazyxla.distributed``), ``mesh_reduce``,
-``broadcast_master_param`` (``lazyxla.distributed.host``). Touches nothing itself.
+(``lazyxla.progress``). Processes: ``set_replication``, ``optimizer_step``, ``reduce_gradients``,
+``_fetch_gradients``, ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``collective_broadcast``,
+``rendezvous`` (``lazyxla.distributed``), ``mesh_reduce``, ``broadcast_master_param``. Data:
+``send_cpu_data_to_device`` (``lazyxla.data.send_to_device``), ``save`` and ``_maybe_convert_to_cpu``
+(``lazyxla.distributed.host_copy``). Touches nothing itself.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 import lazyxla
 import lazyxla.distributed as _xd
 from lazyxla import progress as _progress
+from lazyxla.data import send_to_device as _send_to_device
 from lazyxla import rng as _rng
 from lazyxla.distributed import world as _world
 from lazyxla.runtime import device_type as _device_type
@@ -108,6 +111,34 @@ def broadcast_master_param(model) -> None:
     _xd.broadcast_params(model)
 
 
+def set_replication(device, devices) -> None:
+    _xd.set_replication(device, devices)
+
+
+def send_cpu_data_to_device(datas, device, input_sharding=None):
+    """``lazyxla.data.send_to_device``; a lone tensor comes back in a list, as torch_xla's does."""
+    if input_sharding is not None:
+        raise NotImplementedError("torch_xla.core.xla_model.send_cpu_data_to_device(input_sharding=...) is not "
+                                  "offered by lazyxla (nearest lazyxla alternative: "
+                                  "lazyxla.distributed.spmd.mark_sharding on the uploaded tensors)")
+    return _send_to_device([datas] if isinstance(datas, torch.Tensor) else datas, device)
+
+
+def _fetch_gradients(optimizer):
+    return _xd.gradients(optimizer)
+
+
+def _maybe_convert_to_cpu(data, convert=True):
+    return _xd.host_copy(data) if convert else data
+
+
+def collective_broadcast(tensors, root_ordinal=0, groups=None, pin_layout=True):
+    if groups:
+        raise NotImplementedError("torch_xla.core.xla_model.collective_broadcast(groups=...) is not offered by "
+                                  "lazyxla (its collectives span every process)")
+    _xd.broadcast_(tensors, root_ordinal)
+
+
 def set_rng_state(seed, device=None) -> None:
     lazyxla.manual_seed(seed)
 
@@ -118,7 +149,7 @@ def get_rng_state(device=None) -> int:
 
 def save(data, file_or_path, master_only=True, global_master=False) -> None:
     """Move the lazy tensors in ``data`` to the CPU and ``torch.save`` them (on the master only)."""
-    host = _xd.host.host_copy(data)
+    host = _xd.host_copy(data)
     if not master_only or _progress.is_master(local=not global_master):
         torch.save(host, file_or_path)
     _xd.rendezvous("torch_xla.core.xla_model.save")
@@ -129,12 +160,10 @@ __getattr__ = not_offered(__name__, {
     "optimization_barrier_": "none: lazyxla.sync() ends a program",
     "all_to_all": "lazyxla.distributed.all_gather / reduce_scatter",
     "collective_permute": "lazyxla.distributed.broadcast",
-    "collective_broadcast": "lazyxla.distributed.broadcast(t, root)",
     "send": "lazyxla.distributed.broadcast", "recv": "lazyxla.distributed.broadcast",
     "get_stablehlo": "lazyxla.dump_hlo(tensors) (HLO text)",
     "get_stablehlo_bytecode": "lazyxla.dump_hlo(tensors) (HLO text)",
     "unlazy": "lazyxla.sync()",
-    "set_replication": "lazyxla.distributed.init()",
     "xla_replication_devices": "lazyxla.distributed.init()",
     "all_reduce_bucketized_gradients": "lazyxla.distributed.optimizer_step(opt)",
     "all_gather_bucketized": "lazyxla.distributed.all_gather",
@@ -143,6 +172,5 @@ __getattr__ = not_offered(__name__, {
     "do_on_ordinals": "lazyxla.progress.is_master()",
     "xla_real_devices": "lazyxla.runtime.device_type()",
     "xla_device_kind": "lazyxla.runtime.device_type()",
-    "send_cpu_data_to_device": "tensor.to(lazyxla.device()) or lazyxla.data.DeviceLoader",
     "ToXlaTensorArena": "lazyxla.data.DeviceLoader",
 })

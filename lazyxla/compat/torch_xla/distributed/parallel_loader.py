@@ -13,26 +13,46 @@ from lazyxla.data import DeviceLoader
 from ... import not_offered
 
 
-def _loader(loader, device, batchdim=0, batches_per_execution=1, loader_prefetch_size=16, device_prefetch_size=8,
-            host_to_device_transfer_threads=1, input_sharding=None):
+def _settings(batchdim=0, batches_per_execution=1, loader_prefetch_size=16, device_prefetch_size=8,
+              host_to_device_transfer_threads=1, input_sharding=None):
+    """The DeviceLoader settings torch_xla's loader arguments ask for."""
     if input_sharding is not None:
         raise NotImplementedError("torch_xla.distributed.parallel_loader: input_sharding is not offered by lazyxla "
                                   "(nearest lazyxla alternative: lazyxla.distributed.spmd.mark_sharding on each "
                                   "batch)")
-    return DeviceLoader(loader, device, prefetch=device_prefetch_size, batches_per_execution=batches_per_execution)
+    return {"prefetch": device_prefetch_size, "batches_per_execution": batches_per_execution}
+
+
+def _loader(loader, device, **kwargs):
+    return DeviceLoader(loader, device, **_settings(**kwargs))
 
 
 class MpDeviceLoader:
-    """``MpDeviceLoader(loader, device, **kwargs)``: iterating gives the batches as device data."""
+    """``MpDeviceLoader(loader, device, **kwargs)``: iterating gives the batches as device data,
+    through a new ``DeviceLoader`` per iteration. torch_xla's attributes are kept for code that
+    subclasses it (accelerate's ``MpDeviceLoaderWrapper``): ``_loader`` is the CPU loader,
+    ``_device`` and ``_parallel_loader_kwargs`` what the batches go to and how; the CPU loader's
+    other attributes show through."""
 
     def __init__(self, loader, device, **kwargs):
-        self._loader = _loader(loader, device, **kwargs)
+        _settings(**kwargs)  # refuses what is not offered now, not at the first batch
+        self._loader = loader
+        self._device = device
+        self._parallel_loader_kwargs = kwargs
 
     def __iter__(self):
-        return iter(self._loader)
+        return iter(_loader(self._loader, self._device, **self._parallel_loader_kwargs))
 
     def __len__(self):
         return len(self._loader)
+
+    def __getattr__(self, name):
+        """The wrapped loader's other attributes (``dataset``, ``sampler``, ...), as a wrapper
+        around a DataLoader is expected to show them (accelerate's ``save_state`` reads
+        ``dataset`` through it)."""
+        if name.startswith("__") or name in ("_loader", "_device", "_parallel_loader_kwargs"):
+            raise AttributeError(name)
+        return getattr(self._loader, name)
 
 
 class ParallelLoader:
