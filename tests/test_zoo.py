@@ -381,3 +381,56 @@ def test_gpt_generation_loop_with_growing_context_is_correct():
             lseq = torch.cat([lseq, lnxt], 1)
             lazyxla.sync()
     assert lseq.cpu().tolist() == seq.tolist()
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.01, fused=True),
+    lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.1, amsgrad=True, fused=True),
+    lambda ps: torch.optim.AdamW(ps, lr=1e-2, maximize=True, fused=True),
+], ids=["adamw", "adam-amsgrad", "adamw-maximize"])
+def test_fused_adam_steps_on_the_device_like_eager_and_a_scheduled_lr_does_not_recompile(make):
+    """fused=True (transformers' default optimizer): one node per step for every parameter, no
+    CPU fallback, eager's numbers; the learning rate a scheduler changes every step is an
+    operand, not a constant of the program."""
+    torch.manual_seed(0)
+    ref = [nn.Parameter(torch.randn(5, 3)), nn.Parameter(torch.randn(7))]
+    lz = [nn.Parameter(p.detach().clone().to(DEV)) for p in ref]
+    o_ref, o_lz = make(ref), make(lz)
+    s_ref = torch.optim.lr_scheduler.StepLR(o_ref, 1, 0.7)
+    s_lz = torch.optim.lr_scheduler.StepLR(o_lz, 1, 0.7)
+    compiles = []
+    for _ in range(6):
+        for a, b in zip(ref, lz):
+            g = torch.randn(a.shape)
+            a.grad, b.grad = g.clone(), g.clone().to(DEV)
+        o_ref.step(), o_lz.step(), s_ref.step(), s_lz.step()
+        lazyxla.sync()
+        compiles.append(cnt("UncachedCompile"))
+    for a, b in zip(ref, lz):
+        torch.testing.assert_close(b.detach().cpu(), a.detach(), rtol=1e-5, atol=1e-6)
+    assert not [n for n in met.counter_names() if n.startswith("aten::_fused")]
+    assert compiles[2:] == [compiles[2]] * 4, compiles
+
+
+def test_fused_adamw_under_a_grad_scaler_skips_the_inf_step_like_eager():
+    def run(device):
+        torch.manual_seed(0)
+        m = nn.Linear(3, 1).to(device)
+        opt = torch.optim.AdamW(m.parameters(), lr=0.1, fused=True)
+        scaler = torch.amp.GradScaler("cpu" if device == "cpu" else "lazyxla", init_scale=2.0 ** 8)
+        seen = []
+        for bad in (False, True, False):
+            opt.zero_grad()
+            x = torch.tensor([[float("inf") if bad else 1.0, 2.0, 3.0]]).to(device)
+            scaler.scale(m(x).sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+            if device == DEV:
+                lazyxla.sync()
+            seen.append((m.weight.detach().cpu().clone(), scaler.get_scale()))
+        return seen
+    want, got = run("cpu"), run(DEV)
+    assert [s for _, s in got] == [s for _, s in want] == [256.0, 128.0, 128.0]
+    assert torch.equal(got[1][0], got[0][0])  # the inf step changed nothing
+    for (w_got, _), (w_want, _) in zip(got, want):
+        torch.testing.assert_close(w_got, w_want, rtol=1e-5, atol=1e-6)

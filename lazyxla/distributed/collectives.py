@@ -76,6 +76,8 @@ def all_reduce(reduce_type, inputs, scale=1.0, groups=None, pin_layout=True):
         _check("all_reduce", t, where)
     if not tensors:
         return tensors
+    if world.world_size() == 1 and float(scale) == 1.0:  # the reduction over one process: the values
+        return inputs.clone() if one else inputs
     # one node for all of them: they cross the processes as one message per dtype
     metas = tuple(TensorMeta(tuple(t.shape), t.dtype) for t in tensors)
     node = _node("xla::all_reduce", lower_all_reduce, tensors, metas, kwargs, where)

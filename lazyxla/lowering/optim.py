@@ -1,67 +1,66 @@
 """PyTorch's fused Adam and AdamW steps (``torch.optim.Adam/AdamW(fused=True)``, transformers'
-default optimizer), recorded through ordinary tensor ops.
+default optimizer) as one JAX function over every parameter of the step.
 
 ``_fused_adam_`` and ``_fused_adamw_`` update whole lists of parameters and their state in
-place and have no PyTorch decomposition, so without this they would run on the CPU at every
-step (a value read of every parameter). Written here with the update PyTorch's CPU kernel
-computes, per parameter: the gradient unscaled by ``grad_scale`` (written back, as the kernel
-does) and negated under ``maximize``; weight decay (AdamW: the parameter shrinks by
-``lr * weight_decay``; Adam: added to the gradient); the moments (``lerp`` and the squared
-gradient); the bias corrections from the step count, which the optimizer keeps on the device;
-amsgrad's running maximum; and, when ``found_inf`` is given (a gradient scaler), nothing
-changes if it is set. Registered as decompositions on import; touches nothing else.
+place and have no PyTorch decomposition (on the CPU, each step would read every parameter to
+the host). ``ops`` records a call as one node whose operands are the lists and whose outputs
+are their new values; ``lower_fused_adam`` computes, per parameter, what PyTorch's CPU kernel
+computes: the gradient unscaled by ``grad_scale`` (given back: the kernel writes it) and
+negated under ``maximize``; weight decay (AdamW: the parameter shrinks by ``lr *
+weight_decay``; Adam: added to the gradient); the moments (``lerp``, the squared gradient);
+the bias corrections from each step count (which the optimizer keeps on the device); amsgrad's
+running maximum; and nothing changed where ``found_inf`` (a gradient scaler's) is set. The
+learning rate is an operand (a scheduler changes it every step); the other settings are the
+signature's. Touches nothing.
 """
 from __future__ import annotations
 
-import torch
-
-from .registry import DECOMPOSITIONS
-
-aten = torch.ops.aten
+import jax.numpy as jnp
 
 
-def _fused_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
-                weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, decoupled):
-    keep = None if found_inf is None else (found_inf == 0)
-    for i, p in enumerate(params):
-        g = grads[i]
-        if grad_scale is not None:
-            g = g / grad_scale.to(g.dtype)
-            grads[i].copy_(g)
+def lower_fused_adam(sig, *xs, n, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled, scaled,
+                     checked):
+    """``xs``: params, grads, exp_avgs, exp_avg_sqs, [max_exp_avg_sqs], steps (``n`` each), lr,
+    [grad_scale], [found_inf]. Returns the new params, exp_avgs, exp_avg_sqs, [max_exp_avg_sqs],
+    [unscaled grads], each list in order."""
+    lists = [xs[i * n:(i + 1) * n] for i in range(5 if amsgrad else 4)]
+    params, grads, ms, vs = lists[:4]
+    vmaxs = lists[4] if amsgrad else ()
+    rest = xs[len(lists) * n:]
+    steps, rest = rest[:n], rest[n:]
+    lr, rest = rest[0], rest[1:]
+    scale = rest[0] if scaled else None
+    keep = (rest[-1] == 0).reshape(()) if checked else None
+    out_p, out_m, out_v, out_vmax, out_g = [], [], [], [], []
+    for i in range(n):
+        p, g, m, v = params[i], grads[i], ms[i], vs[i]
+        if scaled:
+            g = g / scale.reshape(()).astype(g.dtype)
+            out_g.append(g)
         if maximize:
             g = -g
+        dt = p.dtype
+        lr_ = lr.reshape(()).astype(dt)
         new_p = p
         if weight_decay != 0:
             if decoupled:
-                new_p = p - (p * weight_decay) * lr
+                new_p = p - (p * weight_decay) * lr_
             else:
                 g = g + p * weight_decay
-        m = torch.lerp(exp_avgs[i], g, 1 - beta1)
-        v = exp_avg_sqs[i] * beta2 + (g * g) * (1 - beta2)
-        step = state_steps[i].to(torch.float32)
-        bias1 = 1 - torch.pow(beta1, step)
-        bias2_sqrt = torch.sqrt(1 - torch.pow(beta2, step))
+        new_m = m + (g - m) * (1 - beta1)
+        new_v = v * beta2 + (g * g) * (1 - beta2)
+        step = steps[i].reshape(()).astype(jnp.float32)
+        bias1 = 1 - jnp.power(jnp.float32(beta1), step)
+        bias2_sqrt = jnp.sqrt(1 - jnp.power(jnp.float32(beta2), step))
         if amsgrad:
-            vmax = torch.maximum(max_exp_avg_sqs[i], v)
-            denom = torch.sqrt(vmax) / bias2_sqrt.to(v.dtype) + eps
+            new_vmax = jnp.maximum(vmaxs[i], new_v)
+            denom = jnp.sqrt(new_vmax) / bias2_sqrt.astype(dt) + eps
         else:
-            denom = torch.sqrt(v) / bias2_sqrt.to(v.dtype) + eps
-        new_p = new_p - (lr / bias1).to(p.dtype) * m / denom
-        pairs = [(p, new_p), (exp_avgs[i], m), (exp_avg_sqs[i], v)]
+            denom = jnp.sqrt(new_v) / bias2_sqrt.astype(dt) + eps
+        new_p = new_p - (lr_ / bias1.astype(dt)) * new_m / denom
+        pairs = [(p, new_p, out_p), (m, new_m, out_m), (v, new_v, out_v)]
         if amsgrad:
-            pairs.append((max_exp_avg_sqs[i], vmax))
-        for dst, val in pairs:
-            dst.copy_(val if keep is None else torch.where(keep, val, dst))
-
-
-def _adam(decoupled):
-    def fused(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
-              weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
-        _fused_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
-                    weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, decoupled)
-    return fused
-
-
-for _op, _decoupled in ((aten._fused_adam_, False), (aten._fused_adamw_, True)):
-    DECOMPOSITIONS[_op.default] = _adam(_decoupled)
-    DECOMPOSITIONS[_op.tensor_lr] = _adam(_decoupled)
+            pairs.append((vmaxs[i], new_vmax, out_vmax))
+        for old, new, out in pairs:
+            out.append(new if keep is None else jnp.where(keep, new, old))
+    return tuple(out_p + out_m + out_v + out_vmax + out_g)
