@@ -1,7 +1,7 @@
 """The in-memory compilation cache: an LRU of compiled programs keyed by graph hash (R6).
 
 Capacity is ``XLA_COMPILATION_CACHE_SIZE`` (default 2048), read once when the cache is first
-made; the least recently used entry is evicted on overflow. Touches nothing else.
+made; the least recently used entry is evicted on overflow (``evictions`` counts them). Touches nothing else.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ class LRUCache:
     def __init__(self, capacity: int):
         self.capacity = max(1, int(capacity))
         self._d: OrderedDict = OrderedDict()
+        self.evictions = 0
 
     def get(self, key):
         e = self._d.get(key)
@@ -44,6 +45,7 @@ class LRUCache:
         self._d[key] = value
         while len(self._d) > self.capacity:
             self._d.popitem(last=False)
+            self.evictions += 1
         return value
 
     def __len__(self):

@@ -138,7 +138,11 @@ def _store_persistent(prog, name):
 
 
 def _run(prog, graph):
-    return run(prog.executable, [p.data for p in graph.params], prog.n_outputs, prog.key.hex())
+    outs = run(prog.executable, [p.data for p in graph.params], prog.n_outputs, prog.key.hex())
+    if events.AFTER_RUN:
+        for hook in events.AFTER_RUN:
+            hook(prog, graph, outs)
+    return outs
 
 
 # ---------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ Every lazy tensor (``tensor.LazyTensor``, the torch-facing object) carries one
 
 Two counters let a replayed step (``replay``) check in O(1) that nothing changed under it:
 ``PENDING_BORN`` (a storage got pending IR) and ``REBOUND`` (a tensor took another storage);
-while a step is captured, ``upload_hook`` hears of every upload.
+while a step is captured, ``upload_hook`` hears of every upload; while the code walk records,
+``watch_births`` hears of every new state.
 
 May touch: storages and states, the arena, the transfer metrics and the tensor counters.
 Knows nothing about torch ops, compiling or running programs.
@@ -197,6 +198,24 @@ def _enter_arena(state):
     LIVE[uid] = _weakref(state)
     if not uid & 0x3FFF:
         prune()
+
+
+_plain_enter_arena = _enter_arena
+
+
+def watch_births(hook) -> None:
+    """While ``hook`` is set, ``hook(state)`` runs as each new state enters the arena (the
+    code walk, ``debug.walk``, notes the user's line that made each tensor); ``None`` stops it.
+    Off, the arena's entry is the plain function: nothing is paid per tensor."""
+    global _enter_arena
+    if hook is None:
+        _enter_arena = _plain_enter_arena
+        return
+
+    def _watched(state):
+        _plain_enter_arena(state)
+        hook(state)
+    _enter_arena = _watched
 
 
 class TensorState:

@@ -15,9 +15,11 @@ import sys
 import traceback
 
 
-def run_script(script, argv) -> int:
+def run_script(script, argv, on_error=None, on_end=None) -> int:
     """Run ``script`` as ``__main__`` like ``python SCRIPT ARGS``; return its exit code, with the
-    traceback printed the way Python prints it for an uncaught exception."""
+    traceback printed the way Python prints it for an uncaught exception. ``on_error(exc, where)``
+    hears of that exception first (``where``: the script's innermost (file, line), or None);
+    ``on_end()`` runs once the script ended, however it ended, while its globals still live."""
     script_abs = os.path.abspath(script)
     old_argv, old_path0 = sys.argv, (sys.path[0] if sys.path else None)
     sys.argv = [script, *argv]
@@ -27,9 +29,14 @@ def run_script(script, argv) -> int:
     else:
         sys.path.insert(0, here)
     try:
-        runpy.run_path(script, run_name="__main__")
+        scope = runpy.run_path(script, run_name="__main__")
+        if on_end is not None:
+            on_end()
+        del scope
         return 0
     except SystemExit as e:
+        if on_end is not None:
+            on_end()
         code = e.code
         if code is None:
             return 0
@@ -43,6 +50,14 @@ def run_script(script, argv) -> int:
         while t is not None and os.path.abspath(t.tb_frame.f_code.co_filename) != script_abs:
             t = t.tb_next
         sys.stdout.flush()
+        if on_end is not None:
+            on_end()
+        if on_error is not None:
+            inner = None
+            for fr, line in traceback.walk_tb(tb):
+                if os.path.abspath(fr.f_code.co_filename) == script_abs:
+                    inner = (script, line)
+            on_error(e, inner)
         traceback.print_exception(type(e), e, t if t is not None else tb, file=sys.stderr)
         return 130 if isinstance(e, KeyboardInterrupt) else 1
     finally:

@@ -5,7 +5,9 @@ six merges of R3 in order, each with its site, a readable summary of the ingredi
 ingredient's 128-bit hash and the digest after the merge. ``print(last_fold())`` shows it.
 ``compiled_folds()`` returns the traces of every program in the in-memory cache;
 ``recompile_log()`` explains every uncached compile (``explain``). ``fold_page`` writes the
-page that folds them term by term; ``report`` is torch_xla's ``PT_XLA_DEBUG_LEVEL`` output.
+page that folds them term by term; ``walk`` and ``walk_page`` walk one sync of a run through the
+executor's code with its values (``lazyxla explain --walk``); ``report`` is torch_xla's
+``PT_XLA_DEBUG_LEVEL`` output.
 
 ``install()`` subscribes the diagnostics to the executor's events, once; ``import lazyxla``
 calls it, so everything here works after ``import lazyxla`` alone.

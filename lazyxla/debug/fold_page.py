@@ -53,8 +53,13 @@ def render(data: dict) -> str:
 
 def write(path, data: dict) -> str:
     """Render ``data`` and write it to ``path`` (atomically, mode 0644); return the path."""
+    return write_html(path, render(data))
+
+
+def write_html(path, page: str) -> str:
+    """Write a rendered page to ``path`` (atomically, mode 0644); return the path."""
     path = os.fspath(path)
-    write_atomic(path, render(data).encode("utf-8"), mode=0o644, fsync=False)
+    write_atomic(path, page.encode("utf-8"), mode=0o644, fsync=False)
     return path
 
 
