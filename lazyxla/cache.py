@@ -23,6 +23,8 @@ class CachedProgram:
     compile_ns: int
     donated: tuple = ()
     hits: int = 0
+    checks: tuple = ()         # value checks: (op, user line, message, error kind), one per row
+    #                            of the program's last output (``lowering.program``)
     extra: dict = field(default_factory=dict)
 
 

@@ -3,7 +3,8 @@
 ``compile_graph`` builds the program function from the post-order (``lowering.build_program``),
 lowers it for the parameters' shapes and dtypes, and compiles it, donating the given
 parameters (R9) and tupling the parameters at or above ``XLA_PARAMETER_WRAPPING_THREADSHOLD``
-(3200, torch_xla's spelling; R11). ``hlo_text`` lowers the same function and returns the
+(3200, torch_xla's spelling; R11); a program with value checks has one more output
+(``lowering.program``). ``hlo_text`` lowers the same function and returns the
 program text without compiling (R10). A failure names the graph's hash, its ops and the
 user's lines that recorded them (an ``ExecutionError``).
 
@@ -45,16 +46,16 @@ def _function(graph, name):
     function runs on every process's device under ``shard_map`` with the process axis bound
     (each process's arrays are its own block of a global array that claims to be replicated:
     the body is per-process code, and only the collectives cross processes)."""
-    fn = build_program(graph.post, graph.roots, graph.params)
+    body = fn = build_program(graph.post, graph.roots, graph.params)
     fn.__name__ = name
     args = specs(graph)
     mesh = _per_process_mesh()
     if mesh is None:
-        return fn, args
+        return fn, args, body
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     fn = jax.shard_map(fn, mesh=mesh, in_specs=tuple(jax.sharding.PartitionSpec() for _ in args),
                        out_specs=jax.sharding.PartitionSpec(), check_vma=False)
-    return fn, [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep) for a in args]
+    return fn, [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep) for a in args], body
 
 
 class ProcessProgram:
@@ -79,8 +80,9 @@ class ProcessProgram:
 
 def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
     """The compiled program (a ``jax.stages.Compiled``, or a ``ProcessProgram`` around one in a
-    job of several processes) and what compiling it cost (ns)."""
-    fn, args = _function(graph, name)
+    job of several processes), what compiling it cost (ns), and its value checks (one more
+    output when there are any: ``lowering.program``)."""
+    fn, args, body = _function(graph, name)
     t0 = metrics.now_ns()
     try:
         with tupled_parameters(wrap_allowed and len(args) >= WRAP_THRESHOLD):
@@ -95,12 +97,12 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
     metrics.counter_inc("CreateCompileHandles")
     metrics.metric_add("TensorsGraphSize", graph.n_ops)
     metrics.metric_add("InputOutputAliasCount", len(donors))
-    return compiled, dt
+    return compiled, dt, body.checks
 
 
 def hlo_text(graph) -> str:
     """The program text of the graph (HLO; StableHLO where JAX offers no HLO text)."""
-    fn, args = _function(graph, "IrToHlo")
+    fn, args, _ = _function(graph, "IrToHlo")
     lowered = jax.jit(fn).lower(*args)
     try:
         return lowered.compiler_ir("hlo").as_hlo_text()

@@ -16,6 +16,7 @@ of in-flight programs, the ``ExecuteTime`` metric and ``ExecuteComputation`` cou
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 from collections import deque
 from itertools import repeat
@@ -40,6 +41,31 @@ class ExecutionError(RuntimeError):
         self.root = root or message
 
 
+class ValueCheckError(ExecutionError):
+    """A value check folded into a program failed (``lowering.program``: a probability that is
+    negative, NaN or sums to zero); raised at the next sync once its program finished, at the
+    latest at the next wait or value read."""
+
+
+class IndexCheckError(ValueCheckError, IndexError):
+    """An index out of bounds, found by a check folded into the program (``IndexError`` where
+    PyTorch raises one)."""
+
+
+def _check_failure(flags, checks, key_hex):
+    """The error of the first failed check among ``flags`` (the program's rows of (flag, value),
+    one per entry of ``checks``), or None."""
+    import numpy as np
+    rows = np.asarray(flags)
+    for (flag, value), (op, where, text, kind) in zip(rows.tolist(), checks):
+        if flag:
+            at = f" at {os.path.basename(where[0])}:{where[1]}" if where else ""
+            cls = IndexCheckError if kind == "IndexError" else ValueCheckError
+            return cls(f"lazyxla: {op}{at}: {text.format(value=value)} (a value check of graph {key_hex}, "
+                       f"read when it ran; LAZYXLA_CHECK_VALUES=0 turns the checks off)")
+    return None
+
+
 # Set by lazyxla.distributed when this process is one of a job: says which processes are lost
 # when a program fails (it may wait for the job's heartbeat timeout to know). None otherwise.
 explain_failure = None
@@ -51,12 +77,13 @@ class Completion:
     Future on every sync). A *polled* completion (``outs`` given) has no thread: whoever asks
     looks at the program's outputs, which an execution makes ready together."""
 
-    __slots__ = ("_lock", "error", "_outs", "_key_hex")
+    __slots__ = ("_lock", "error", "_outs", "_key_hex", "checks")
 
-    def __init__(self, error=None, outs=None, key_hex=None):
+    def __init__(self, error=None, outs=None, key_hex=None, checks=None):
         self.error = error
         self._outs = outs
         self._key_hex = key_hex
+        self.checks = checks  # (flags array, the program's checks): read when it completes
         self._lock = None
         if error is None and outs is None:
             self._lock = threading.Lock()
@@ -83,7 +110,9 @@ class Completion:
         if outs is not None:
             a = _representative(outs)
             self.error = None if a is None else _await((a,), self._key_hex, None)
-            self._outs = None
+            if self.error is None and self.checks is not None:
+                self.error = _check_failure(*self.checks, self._key_hex)
+            self._outs = self.checks = None
             if self.error is not None:
                 _ran_and_failed = True
             return self.error
@@ -121,7 +150,7 @@ class Placeholder:
             except ValueError:
                 pass
             # a fresh exception: re-raising the stored one would pin the caller's frames
-            raise ExecutionError(str(err), err.root) from None
+            raise type(err)(str(err), err.root) from None
         return self.array
 
 
@@ -152,6 +181,9 @@ def _completions():
         try:
             a = _representative(outs)  # one wake per program, not one per output
             err = _await(() if a is None else (a,), key_hex, t0)
+            if err is None and done.checks is not None:
+                err = _check_failure(*done.checks, key_hex)
+                done.checks = None
         except BaseException as e:  # noqa: BLE001 - never leave a completion unfinished
             err = ExecutionError(_failure_text(key_hex, e))
         done.finish(err)
@@ -203,15 +235,30 @@ def wait_device_ops():
         if e is not None and first is None:
             first = e
     if first is not None:
-        raise ExecutionError(str(first)) from None
+        raise type(first)(str(first), first.root) from None
 
 
-def run(executable, inputs, n_outputs: int, key_hex: str, timed: bool = True) -> list:
+def raise_failed_checks():
+    """At a sync: a program that already finished and failed a value check raises here (and
+    is not reported again at the next wait); one still running raises at a later sync, wait
+    or read."""
+    for c in list(_inflight):
+        if not c.done():
+            break
+        e = c.wait()  # done: no wait (a replay's completion reads its checks here)
+        if isinstance(e, ValueCheckError):
+            _inflight.remove(c)
+            raise type(e)(str(e), e.root) from None
+
+
+def run(executable, inputs, n_outputs: int, key_hex: str, timed: bool = True, checks=()) -> list:
     """Call ``executable`` on the buffers ``inputs`` (storage data: arrays or Placeholders);
     returns one Placeholder per output, at once. A failure to dispatch surfaces at the next
     wait or read, as one while running does. ``timed=False`` (a replay): no completion thread
     waits on the program, so no ``ExecuteTime`` sample; whoever waits looks at its outputs (a
-    thread woken per program costs a replay more than its own host work)."""
+    thread woken per program costs a replay more than its own host work). ``checks``: the
+    program's value checks (``lowering.program``), whose rows are its last output: read when
+    it completes, a failed one is the program's failure."""
     global _thread
     if len(_inflight) >= MAX_INFLIGHT:
         _inflight[-MAX_INFLIGHT].wait()
@@ -237,10 +284,14 @@ def run(executable, inputs, n_outputs: int, key_hex: str, timed: bool = True) ->
                                  "(lazyxla.set_buffer_donation) and no longer exists")
             done = Completion(ExecutionError(_failure_text(key_hex, e)))
         else:
+            flags = None
+            if checks:
+                flags, outs = outs[-1], outs[:-1]
             if not timed:
-                done = Completion(outs=outs, key_hex=key_hex)
+                done = Completion(outs=outs, key_hex=key_hex,
+                                  checks=None if flags is None else (flags, checks))
             else:
-                done = Completion()
+                done = Completion(checks=None if flags is None else (flags, checks))
                 if _thread is None:
                     _thread = threading.Thread(target=_completions, name="lazyxla-exec", daemon=True)
                     _thread.start()

@@ -26,7 +26,7 @@ from . import events, metrics, persistent_cache, rng
 from .cache import CachedProgram, computation_cache
 from .compiler import compile_graph, hlo_text, specs
 from .config import env_flag
-from .execution import resolve, run, wait_device_ops  # noqa: F401  (wait_device_ops: API)
+from .execution import raise_failed_checks, resolve, run, wait_device_ops  # noqa: F401  (wait_device_ops: API)
 from .collect import Graph
 from .graph_hash import FoldTrace, KeyRequest, compute
 from .storage import Storage, pending, reads_on_host, view_on_host
@@ -106,9 +106,10 @@ def lookup(graph: Graph, req: KeyRequest, cause, donors=(), name="SyncTensorsGra
                 metrics.counter_inc("UncachedCompile")
                 for hook in events.BEFORE_COMPILE:
                     hook(cause, trace, graph)
-                executable, ns = compile_graph(graph, trace.hex, name, donors, wrap_allowed=not auto_sharding())
+                executable, ns, checks = compile_graph(graph, trace.hex, name, donors,
+                                                       wrap_allowed=not auto_sharding())
                 prog = CachedProgram(executable, key, trace, len(graph.params), len(graph.roots), graph.n_ops, ns,
-                                     tuple(donors))
+                                     tuple(donors), checks=checks)
                 _store_persistent(prog, name)
                 compiled = True
             cache.add(key, prog)
@@ -128,17 +129,18 @@ def _load_persistent(graph, trace, donors):
     if fn is None:
         return None
     return CachedProgram(fn, trace.key, trace, len(graph.params), len(graph.roots), graph.n_ops, 0, tuple(donors),
-                         extra={"persistent": True})
+                         extra={"persistent": True}, checks=pcache.last_checks)
 
 
 def _store_persistent(prog, name):
     pcache = persistent_cache.get_cache()
     if pcache is not None and process_mesh() is None:
-        pcache.store(prog.key, prog.executable, {"name": name, "fold": [s.as_dict() for s in prog.trace.steps]})
+        pcache.store(prog.key, prog.executable, {"name": name, "fold": [s.as_dict() for s in prog.trace.steps],
+                                                 "checks": [list(c) for c in prog.checks]})
 
 
 def _run(prog, graph):
-    outs = run(prog.executable, [p.data for p in graph.params], prog.n_outputs, prog.key.hex())
+    outs = run(prog.executable, [p.data for p in graph.params], prog.n_outputs, prog.key.hex(), checks=prog.checks)
     if events.AFTER_RUN:
         for hook in events.AFTER_RUN:
             hook(prog, graph, outs)
@@ -184,6 +186,7 @@ def sync(wait: bool = False):
     """R4: compile (or find) and run one program for all pending IR; replace it with data."""
     if _capture_guard is not None:
         _capture_guard("lazyxla.sync() (a step barrier)")
+    raise_failed_checks()  # an earlier program that finished with a bad index (value checks)
     metrics.flush_pending(1024)  # a metric keeps its last XLA_METRICS_SAMPLES; reads flush the rest
     run_pending()
     end_step()

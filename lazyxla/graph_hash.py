@@ -59,7 +59,8 @@ def _force_ltc_data(req):
 @functools.lru_cache(maxsize=1)
 def _environment_ingredient():
     env = compile_environment()
-    parts = ("platform", "platform_version", "devices", "XLA_FLAGS", "XLA_IR_DEBUG", "XLA_HLO_DEBUG")
+    parts = ("platform", "platform_version", "devices", "XLA_FLAGS", "XLA_IR_DEBUG", "XLA_HLO_DEBUG",
+             "LAZYXLA_CHECK_VALUES")
     env_h = fold(*(encode(k) + encode(env[k]) for k in parts))
     torch_rev = env["torch_git"]
     xla_rev = f"lazyxla {env['lazyxla']}; jaxlib {env['jaxlib']}"

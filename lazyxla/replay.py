@@ -502,7 +502,7 @@ class Binding:
         for j, p in self.d_args:
             if arg_states[self.a_idx[j]].storage.ir[0].owner is None:
                 args[p] = copy_array(resolve(args[p]))
-        outs = run(prog.executable, args, self.n_out, self.key_hex, timed=False)
+        outs = run(prog.executable, args, self.n_out, self.key_hex, timed=False, checks=prog.checks)
         if outs and outs[0].completion.error is not None:
             outs[0].get()  # raises now, naming the graph; no storage was given the failed buffers
         for k, r, sig, owner in self.o_plain:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from . import metrics
-from .config import __version__, env_int, env_str
+from .config import __version__, env_flag, env_int, env_str
 from .jax_internals import hlo_sharding_text
 
 jax.config.update("jax_enable_x64", True)
@@ -208,7 +208,8 @@ def _code_flags(value: str) -> str:
 def compile_environment() -> dict:
     """What a compiled program depends on besides its graph, read once per process:
     ``platform``, ``platform_version``, ``devices``, the code-changing ``XLA_FLAGS``,
-    ``XLA_IR_DEBUG``, ``XLA_HLO_DEBUG``, and the versions ``jax``, ``jaxlib``, ``torch``
+    ``XLA_IR_DEBUG``, ``XLA_HLO_DEBUG``, ``LAZYXLA_CHECK_VALUES`` (value checks change the
+    program: ``lowering.program``), and the versions ``jax``, ``jaxlib``, ``torch``
     (with its git revision ``torch_git``) and ``lazyxla``."""
     dev = jax_device()
     return {
@@ -218,6 +219,7 @@ def compile_environment() -> dict:
         "XLA_FLAGS": _code_flags(env_str("XLA_FLAGS")),
         "XLA_IR_DEBUG": env_str("XLA_IR_DEBUG"),
         "XLA_HLO_DEBUG": env_str("XLA_HLO_DEBUG"),
+        "LAZYXLA_CHECK_VALUES": "1" if env_flag("LAZYXLA_CHECK_VALUES", True) else "0",
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
         "torch": f"{torch.__version__} ({torch.version.git_version})",

@@ -15,11 +15,14 @@ import jax
 import jax.numpy as jnp
 
 from .nn_helpers import _f
+from .program import check_index
 from .registry import register
 
 
 @register("embedding.default")
 def embedding(sig, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    n = weight.shape[0]
+    check_index(indices, n, f"index out of range in self (index {{value}}, {n} embeddings)", "IndexError")
     return jnp.take(weight, indices, axis=0)
 
 
@@ -63,6 +66,8 @@ _SUM, _MEAN, _MAX = 0, 1, 2
 def embedding_bag(sig, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
     n = indices.shape[0]
+    check_index(indices, weight.shape[0], f"an index of input takes value {{value}} which is not in the valid range "
+                f"[0, {weight.shape[0]})")
     nb = offsets.shape[0] - (1 if include_last_offset else 0)
     pos = jnp.arange(n)
     if nb > 0:

@@ -5,7 +5,9 @@ scatter_reduce and index_reduce (sum, prod, amax, amin, mean), take and put (fla
 indices), segment_reduce and its backward, nonzero_static.
 
 Every output has a static shape: a boolean index or mask writes through a running count of
-the mask. Ops whose output shape depends on the data (``nonzero``, ``masked_select``,
+the mask. Every index is checked against its dimension inside the program
+(``program.check_index``): out of bounds raises as PyTorch does, once the program ran. Ops
+whose output shape depends on the data (``nonzero``, ``masked_select``,
 ``unique``) are not here: they stay CPU fallbacks on purpose (docs/coverage.md). Touches only
 the registry.
 """
@@ -15,24 +17,46 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .program import check_index
 from .registry import register
+
+
+def _oob(d, n) -> str:
+    """PyTorch's message for an index out of bounds (``{value}``: the index)."""
+    return f"index {{value}} is out of bounds for dimension {d} with size {n}"
+
+
+def _out_of_range(d, n) -> str:
+    """PyTorch's message where it names no index (index_select, embedding), with what it omits."""
+    return f"index out of range in self (index {{value}}, dimension {d} of size {n})"
 
 
 @register("index_select.default", zero_d="index")
 def _index_select(sig, x, dim, index):
-    return jnp.take(x, index, axis=dim % max(x.ndim, 1))
+    d = dim % max(x.ndim, 1)
+    check_index(index, x.shape[d] if x.ndim else 1, _out_of_range(d, x.shape[d] if x.ndim else 1), "IndexError")
+    return jnp.take(x, index, axis=d)
 
 
 @register("_unsafe_index.Tensor", "index.Tensor")
 def _index(sig, x, indices):
     # Advanced indexing with a list of optional index tensors (None keeps the dim).
     idx = tuple(slice(None) if i is None else (i if i.dtype != jnp.bool_ else i) for i in indices)
+    _check_indices(x, indices)
     return x[idx]
+
+
+def _check_indices(x, indices):
+    """Advanced indexing: each integer index tensor within its dimension (negative from the end)."""
+    for d, i in enumerate(indices):
+        if i is not None and i.dtype != jnp.bool_ and d < x.ndim:
+            check_index(i, x.shape[d], _oob(d, x.shape[d]), "IndexError", negative=True)
 
 
 @register("gather.default", zero_d="index")
 def _gather(sig, x, dim, index, sparse_grad=False):
     d = dim % max(x.ndim, 1)
+    check_index(index, x.shape[d] if x.ndim else 1, _oob(d, x.shape[d] if x.ndim else 1))
     # the index may be smaller than the input in the other dims: PyTorch reads only that corner
     x = x[tuple(slice(None) if a == d else slice(0, n) for a, n in enumerate(index.shape))]
     return jnp.take_along_axis(x, index, axis=d)
@@ -41,6 +65,7 @@ def _gather(sig, x, dim, index, sparse_grad=False):
 # -- scatter -------------------------------------------------------------------------------
 def _scatter_idx(x, dim, index):
     d = dim % max(x.ndim, 1)
+    check_index(index, x.shape[d] if x.ndim else 1, _oob(d, x.shape[d] if x.ndim else 1))
     grids = list(jnp.meshgrid(*[jnp.arange(n) for n in index.shape], indexing="ij"))
     grids[d] = index
     return tuple(grids)
@@ -74,6 +99,7 @@ def _index_put(sig, x, indices, values, accumulate=False):
     if any(i is not None and i.dtype == jnp.bool_ for i in indices):
         return _index_put_mask(x, indices, values, accumulate)
     idx = tuple(slice(None) if i is None else i for i in indices)
+    _check_indices(x, indices)
     v = jnp.asarray(values, x.dtype)
     return x.at[idx].add(v) if accumulate else x.at[idx].set(v)
 
@@ -104,6 +130,7 @@ def _index_put_mask(x, indices, values, accumulate):
 @register("index_add.default", zero_d="all")
 def _index_add(sig, x, dim, index, source, alpha=1):
     d = dim % max(x.ndim, 1)
+    check_index(index, x.shape[d], _oob(d, x.shape[d]))
     idx = [slice(None)] * x.ndim
     idx[d] = index
     return x.at[tuple(idx)].add((source * alpha).astype(x.dtype))
@@ -114,6 +141,7 @@ def _index_fill(sig, x, dim, index, value):
     """The slices ``index`` names along ``dim`` set to ``value`` (negative indices count from
     the end)."""
     d = dim % max(x.ndim, 1)
+    check_index(index, x.shape[d], _oob(d, x.shape[d]), "IndexError", negative=True)
     idx = [slice(None)] * x.ndim
     idx[d] = jnp.where(index < 0, index + x.shape[d], index)
     return x.at[tuple(idx)].set(jnp.asarray(value).astype(x.dtype))
@@ -122,6 +150,7 @@ def _index_fill(sig, x, dim, index, value):
 @register("index_copy.default", zero_d="all")
 def _index_copy(sig, x, dim, index, source):
     d = dim % max(x.ndim, 1)
+    check_index(index, x.shape[d], "index_copy_(): " + _oob(d, x.shape[d]), "IndexError")
     idx = [slice(None)] * x.ndim
     idx[d] = index
     return x.at[tuple(idx)].set(source.astype(x.dtype))
@@ -203,6 +232,7 @@ def index_reduce(sig, x, dim, index, source, reduce, include_self=True):
         return index_reduce(sig, x.reshape(1), 0, index.reshape(1), source.reshape(1), reduce,
                             include_self).reshape(())
     d = dim % x.ndim
+    check_index(index, x.shape[d], _out_of_range(d, x.shape[d]), "IndexError")
     xm = jnp.moveaxis(x, d, 0)
     src = jnp.moveaxis(source, d % max(source.ndim, 1), 0).astype(x.dtype) if source.ndim else \
         source.reshape(1).astype(x.dtype)
@@ -225,6 +255,11 @@ def index_reduce(sig, x, dim, index, source, reduce, include_self=True):
     return jnp.moveaxis(out, 0, d)
 
 
+def _check_flat(index, n):
+    check_index(index, n, f"out of range: tried to access index {{value}} on a tensor of {n} elements.", "IndexError",
+                negative=True)
+
+
 def _flat_index(index, n):
     return jnp.where(index < 0, index + n, index).reshape(-1)
 
@@ -233,6 +268,7 @@ def _flat_index(index, n):
 def take(sig, x, index):
     """Elements of ``x`` by index into its flattened self (negative counts from the end)."""
     flat = x.reshape(-1)
+    _check_flat(index, flat.shape[0])
     return flat[_flat_index(index, flat.shape[0])].reshape(index.shape)
 
 
@@ -242,6 +278,7 @@ def put(sig, x, index, source, accumulate=False):
     indices the last write wins, as PyTorch's CPU kernel writes in order."""
     flat = x.reshape(-1)
     n = flat.shape[0]
+    _check_flat(index, n)
     idx = _flat_index(index, n)
     src = source.reshape(-1).astype(x.dtype)
     if accumulate:

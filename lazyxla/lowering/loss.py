@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import torch
 
 from .nn_helpers import _HIGHEST, _f, _s, _vjp
+from .program import check_index
 from .registry import register, shape_rule
 
 _REDUCTION_NONE, _REDUCTION_MEAN, _REDUCTION_SUM = 0, 1, 2
@@ -58,6 +59,8 @@ def _nll_parts(x, target, weight, ignore_index):
 def _nll_forward(sig, x, target, weight, reduction, ignore_index):
     x = _f(x)
     cdim, valid, t, w = _nll_parts(x, target, _f(weight), ignore_index)
+    n = x.shape[cdim]
+    check_index(jnp.where(valid, target, 0), n, "Target {value} is out of bounds.", "IndexError")
     picked = jnp.take_along_axis(x, jnp.expand_dims(t, cdim), axis=cdim).squeeze(cdim)
     losses = jnp.where(valid, -picked * w, 0)
     if reduction == _REDUCTION_NONE and x.ndim > 1:

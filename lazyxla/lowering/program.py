@@ -1,6 +1,13 @@
 """The program: a post-order of IR nodes as one JAX function, and the lowerings of the
 nodes lazyxla records itself.
 
+Value checks (``LAZYXLA_CHECK_VALUES``, on by default): what only the values can tell (an index
+out of bounds, a probability that is negative or NaN) is computed inside the program. A lowering
+calls ``check_index`` or ``report`` while it is traced; a checked program (``build_program``'s
+default) returns one more output, an int64 array of one (flag, value) row per check, and lists
+the checks, in that order, as its function's ``checks`` attribute: (op, user line, message with
+``{value}``, error kind). ``execution`` reads the rows when the program completes.
+
 ``lower_call`` evaluates one signature's registered lowering (``sig.lower``) on JAX values:
 it instantiates the call's template, runs 0-d operands of ``ZERO_D_AS_VECTOR`` ops as
 1-element vectors, casts results to PyTorch's output dtypes and broadcasts them where
@@ -16,6 +23,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ..config import env_flag
 from ..ir import Slot
 from ..xla import jnp_dtype
 from .registry import ZERO_D_AS_VECTOR
@@ -89,20 +97,69 @@ def _broadcastable(src, dst):
     return True
 
 
-def build_program(post, roots, params):
+def build_program(post, roots, params, checked=True):
     """A function ``f(*param_arrays) -> tuple(root arrays)`` evaluating the graph; ``params``
-    (device-data leaves, or a captured region's placeholders) are its arguments, in order."""
+    (device-data leaves, or a captured region's placeholders) are its arguments, in order.
+    ``checked``: the value checks its lowerings report are one more output (see the module's
+    docstring; ``f.checks`` lists them once it was traced); a region's function (not checked)
+    reports into the program that calls it."""
     is_param = {id(p) for p in params}
     ops = [n for n in post if id(n) not in is_param]
 
     def program(*arrays):
-        env = {id(p): (a,) for p, a in zip(params, arrays)}
-        for n in ops:
-            vals = [env[id(o)][i] for o, i in n.operands]
-            env[id(n)] = lower_node(n, vals)
-        return tuple(env[id(r)][i] for r, i in roots)
+        global _checks, _node
+        outer = _checks
+        if checked and outer is None and CHECK_VALUES:
+            _checks = []
+        mine, was = _checks is not outer, _node
+        try:
+            env = {id(p): (a,) for p, a in zip(params, arrays)}
+            for n in ops:
+                vals = [env[id(o)][i] for o, i in n.operands]
+                _node = n
+                env[id(n)] = lower_node(n, vals)
+            out = tuple(env[id(r)][i] for r, i in roots)
+            if mine:
+                program.checks = tuple((op, where, text, kind) for _, _, op, where, text, kind in _checks)
+                if _checks:
+                    rows = [jnp.stack([flag.astype(jnp.int64), value.astype(jnp.int64)])
+                            for flag, value, *_ in _checks]
+                    out = out + (jnp.stack(rows),)
+            return out
+        finally:
+            _node = was
+            if mine:
+                _checks = outer
 
+    program.checks = ()
     return program
+
+
+# ---------------------------------------------------------------------------------------
+# Value checks: reported by lowerings while a checked program is traced.
+CHECK_VALUES = env_flag("LAZYXLA_CHECK_VALUES", True)
+_checks = None  # the reports of the checked program being traced, or None
+_node = None    # the node being lowered
+
+
+def report(flag, value, text, kind="RuntimeError"):
+    """A value check of the node being lowered: ``flag`` (a bool scalar) is true when its
+    values are bad, ``value`` (an integer scalar) is shown in the message, ``text`` with
+    ``{value}`` in it. Outside a checked program (shape inference, a region traced alone), nothing."""
+    if _checks is not None:
+        n = _node
+        where = n.where if n is not None else None
+        _checks.append((flag, value, n.sig.op if n is not None else "?", list(where) if where else None, text, kind))
+
+
+def check_index(index, size, text, kind="RuntimeError", negative=False):
+    """Report whether any of ``index`` falls outside ``[0, size)`` (``[-size, size)`` with
+    ``negative``), showing the first that does."""
+    if _checks is None or not getattr(index, "size", 0):
+        return
+    flat = jnp.reshape(index, (-1,))
+    bad = (flat >= size) | (flat < (-size if negative else 0))
+    report(jnp.any(bad), flat[jnp.argmax(bad)], text, kind)
 
 
 # ---------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from ..xla import jnp_dtype
+from .program import report
 from .registry import register
 
 
@@ -122,7 +123,11 @@ def _native_dropout_backward(sig, grad, mask, scale):
 
 @register("multinomial.default", random=True)
 def _multinomial(sig, probs, num_samples, replacement=False, generator=None, __seed__=None):
-    logits = jnp.log(probs.astype(jnp.float32))
+    p = probs.astype(jnp.float32)
+    zero = jnp.zeros((), jnp.int64)
+    report(jnp.any(~jnp.isfinite(p) | (p < 0)), zero, "probability tensor contains either `inf`, `nan` or element < 0")
+    report(jnp.any(jnp.sum(p, axis=-1) <= 0), zero, "invalid multinomial distribution (sum of probabilities <= 0)")
+    logits = jnp.log(p)
     key = _key(__seed__)
     if replacement:
         return jax.random.categorical(key, logits, axis=-1, shape=(num_samples,) + probs.shape[:-1]).T \

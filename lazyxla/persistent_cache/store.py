@@ -128,6 +128,7 @@ class PersistentCache:
         self._warned_store = False
         self.last_failure = None  # why the last bad entry was rejected
         self.last_call_path = None
+        self.last_checks = ()  # the value checks of the program the last load returned
         self._checked = None  # the remembered signature checks, read at the first question
         self._check_directory()
 
@@ -169,7 +170,8 @@ class PersistentCache:
     # -- load -------------------------------------------------------------------------
     def load(self, key: bytes, arg_specs, n_outputs: int):
         """The program stored under ``key`` as ``fn(*arrays) -> tuple of n_outputs arrays``,
-        or None (no entry: ``PersistentCacheMiss``; a bad one: ``PersistentCacheDeserializeFailure``,
+        (with one more, the value checks' rows, when the stored program has checks: their list
+        is ``last_checks`` after the load), or None (no entry: ``PersistentCacheMiss``; a bad one: ``PersistentCacheDeserializeFailure``,
         deleted unless read-only). A hit counts ``PersistentCacheHit`` and marks the entry used."""
         path = self.entry_path(key)
         if not os.path.lexists(path):
@@ -184,11 +186,14 @@ class PersistentCache:
                 return self._reject(path, f"cannot read: {e}", delete=False)
             try:
                 meta, payload = decode_entry(data, self.mac_key)
-                self._check_meta(meta, key, arg_specs, n_outputs)
-                fn = self._deserialize(meta, payload, arg_specs, n_outputs)
+                checks = tuple(tuple(c) for c in ((meta.get("extra") or {}).get("checks") or ()))
+                total = n_outputs + (1 if checks else 0)  # value checks: one more output
+                self._check_meta(meta, key, arg_specs, total)
+                fn = self._deserialize(meta, payload, arg_specs, total)
             except _BadEntry as e:
                 return self._reject(path, str(e))
         metrics.counter_inc("PersistentCacheHit")
+        self.last_checks = checks
         self._stats["hits"] += 1
         h = bytes(key).hex()
         self._hits[h] = self._hits.get(h, 0) + 1
