@@ -630,6 +630,12 @@ class Walker:
                  ["parameter wrapping", f"yes: {n} >= {WRAP_THRESHOLD}, passed as one tuple" if wrapped
                   else f"no: {n} < {WRAP_THRESHOLD}, passed one by one"],
                  ["sharding annotations", len(shard_rows) or "none"]]
+        prog = snap["prog"]
+        if prog is not None:
+            ops_checked = collections.Counter(c[0] for c in prog.checks)
+            facts.append(["value checks (LAZYXLA_CHECK_VALUES)",
+                          ", ".join(f"{op} x{n}" for op, n in ops_checked.items()) + " (one more output)"
+                          if prog.checks else "none"])
         try:
             program = hlo_text(g)
         except Exception as e:  # noqa: BLE001 - a graph that cannot lower: say why
