@@ -2,15 +2,18 @@
 
 A *signature key* is the op with each tensor's interned meta and each non-tensor argument
 (a Python scalar that is an op *value* enters only by kind, unless it is one of the special
-scalars 0, 1, -1: R1.5). The first call with a key comes here (``new_entry``): the op runs
-once on meta tensors (PyTorch's own shape and dtype rules, and its shape errors; for an op
-PyTorch has no meta kernel for, lazyxla's shape rule from ``lowering.SHAPE_RULES``), the call
+scalars 0, 1, -1: R1.5). The first call with a key comes here (``new_entry``): the checks
+PyTorch's CPU kernels make and its meta kernels do not are made (``checks``: arguments, out=
+dtypes), the op runs once on meta tensors (PyTorch's own shape and dtype rules, and its shape
+errors; for an op PyTorch has no meta kernel for, lazyxla's shape rule from
+``lowering.SHAPE_RULES``), the call
 is turned into an ``OpSig`` (the op, its parameters as a template with ``Slot``s for
 operands, its output metas, its lowering), and the lowering is traced abstractly, so that an
 op lazyxla cannot do fails at the user's line, not later inside a whole program. The
 ``Entry`` says how later calls with the key are recorded: as a node, through a PyTorch
 decomposition, as a constant, or on the CPU. ``info(func)`` holds the facts read from an
-op's schema (functional, in-place, out=, view; its value arguments).
+op's schema (functional, in-place, out=, view; its value arguments; for an out= op, which
+inputs its out= tensors may not overlap: ``checks.overlap_rule``).
 
 This is the cold path: the warm path (``tensor.py``) never pays meta shape inference again.
 With the persistent cache on, a lowering check that passed once is remembered on disk
@@ -27,7 +30,7 @@ import jax
 import torch
 from torch._ops import OpOverload
 
-from . import lowering, persistent_cache
+from . import checks, lowering, persistent_cache
 from .config import __version__, env_flag
 from .hashing import encode, fold
 from .device import is_lazy
@@ -43,7 +46,7 @@ NO_SPECIAL_SCALARS = env_flag("XLA_NO_SPECIAL_SCALARS", False)
 # Per-op facts read once from the schema.
 class FuncInfo:
     __slots__ = ("func", "name", "counter", "value_pos", "value_kw", "kind", "functional", "written",
-                 "view", "random")
+                 "view", "random", "overlap")
 
     def __init__(self, func: OpOverload):
         s = func._schema
@@ -79,6 +82,8 @@ class FuncInfo:
         if self.functional is None and func in lowering.LOWERINGS:
             self.functional = func  # an in-place op lowered as itself (random fills: normal_, bernoulli_)
         self.random = lowering.is_random(self.functional) if self.functional is not None else False
+        # an out= op whose out= tensors PyTorch refuses to let share elements with its inputs
+        self.overlap = checks.overlap_rule(func, self) if self.kind == "out" else None
 
     @property
     def inplace_view(self) -> bool:
@@ -177,7 +182,9 @@ def check_writable(t, name, where):
 
 def new_entry(func, info, args, kwargs, where) -> Entry:
     """How calls with this signature are recorded (see the module docstring); raises
-    LazyXlaError, naming the op and the user's line, for a call PyTorch itself refuses."""
+    LazyXlaError, naming the op and the user's line, for a call PyTorch itself refuses (its meta
+    kernel, or the checks of its CPU kernel that ``checks`` makes)."""
+    checks.check_call(func, info, args, kwargs, where)
     _check_writes(info, args, kwargs, where)
     target = info.functional
     if info.kind == "out" and target is None:  # no functional form to infer shapes with
@@ -186,6 +193,8 @@ def new_entry(func, info, args, kwargs, where) -> Entry:
     if mout is _NEEDS_VALUES:  # e.g. an output shape that depends on the values: the CPU computes it (R1.7)
         return Entry(None, "fallback")
     outs = flat_tensors(mout, [])
+    if info.kind == "out":
+        checks.check_out_dtypes(func, info, kwargs, outs, where)
     if info.kind == "inplace":
         _check_inplace(func, args, kwargs, where, info, outs)
     if not outs and not info.written:  # sizes, strides, dtypes: a constant of the signature
@@ -270,8 +279,11 @@ def _node_entry(info, target, low, args, kwargs, mout, outs, where) -> Entry:
     slot_metas = []
     vp, vk = info.value_pos, info.value_kw
     targs = tuple(_template(a, counter, i in vp, scal, slot_metas) for i, a in enumerate(args))
-    tkw = {k: _template(v, counter, k in vk, scal, slot_metas) for k, v in (kwargs or {}).items()
-           if not (info.kind == "out" and k in info.written)}
+    tkw = {}
+    for k, v in (kwargs or {}).items():
+        t = _template(v, counter, k in vk, scal, slot_metas)
+        if not (info.kind == "out" and k in info.written):  # an out= tensor: an operand (the warm
+            tkw[k] = t                                     # path passes it), not an argument
     if info.random:
         tkw["__seed__"] = Slot(counter[0])
         counter[0] += 1

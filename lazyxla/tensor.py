@@ -9,7 +9,9 @@ lazy tensor reaches ``__torch_dispatch__`` and so ``dispatch``:
 2. otherwise the call's signature key is built from the op, each tensor's interned meta and
    each non-tensor argument (a Python scalar that is an op value enters only by kind, unless
    it is 0, 1 or -1: R1.5), collecting the operands on the way; the key finds the
-   ``signature.Entry`` (made once per key by ``signature.new_entry``, the cold path);
+   ``signature.Entry`` (made once per key by ``signature.new_entry``, the cold path); an out=
+   op PyTorch refuses to write over its inputs is checked for that on every call
+   (``checks.check_overlap``: which storage a tensor is in is not in the key);
 3. by the op's schema: a functional op gets new storages for its outputs; a view op's
    outputs share the input's storage and extend its view chain; an in-place op writes the
    new value into its target's storage (through a view: scattered back into the storage);
@@ -26,6 +28,7 @@ import warnings
 import torch
 
 from . import eager, metrics, rng
+from .checks import check_overlap
 from .device import DEVICE
 from .executor import read_values
 from .ir import Node, OpSig, fmt_where, user_frame, user_site
@@ -192,6 +195,8 @@ def dispatch(cls, func, types, args=(), kwargs=None):
     entry = _SIGS.get(key)
     if entry is None:
         entry = _SIGS[key] = new_entry(func, info, args, kwargs, user_frame(2))
+    if info.overlap is not None:  # an out= op: does out= share elements with an input?
+        check_overlap(info.overlap, info, entry.sig, args, kwargs)
     if entry.mode != "node":
         return _done(_without_node(entry, func, info, args, kwargs))
     c = info.counter
