@@ -9,10 +9,12 @@ drift falls on both alike.
 - ``lookup``: only the embedding lookup and a sum, synced: the check's share where the program
   is nothing but indexing.
 
-Each child prints its ms per step (the median of ``--repeats`` timed loops of ``--steps`` steps,
-each step synced and the last one waited for); the parent prints, per step kind, the medians
-with the checks on and off and their ratio.
-Usage: python bench/checks.py [--steps N] [--repeats R] [--rounds K]
+Per round, two new children, one with the checks on and one off, take turns: each block of
+``--steps`` steps runs in one while the other waits, so the machine's drift (2x within minutes
+here) falls on neighbouring blocks alike; new rounds average out what a process's own layout
+does to its speed (up to 20% here). Per step kind the parent prints the median ms per step of
+each setting, and the median over rounds of each round's median block ratio (on/off).
+Usage: python bench/checks.py [--steps N] [--pairs K] [--rounds R] [--kinds mlp,embedding,lookup]
 """
 from __future__ import annotations
 
@@ -72,7 +74,9 @@ def _lookup(dev):
 KINDS = {"mlp": _mlp, "embedding": _embedding, "lookup": _lookup}
 
 
-def child(kind, steps, repeats):
+def child(kind):
+    """Serve ``N`` (a line on stdin) with the ms per step of N warm steps (each synced, the last
+    waited for), printed as a line; until stdin closes."""
     import lazyxla
     dev = lazyxla.device()
     step = KINDS[kind](dev)
@@ -80,43 +84,80 @@ def child(kind, steps, repeats):
         step()
         lazyxla.sync()
     lazyxla.wait_device_ops()
-    times = []
-    for _ in range(repeats):
+    print("ready", flush=True)
+    for line in sys.stdin:
+        n = int(line)
         t0 = time.perf_counter()
-        for _ in range(steps):
+        for _ in range(n):
             step()
             lazyxla.sync()
         lazyxla.wait_device_ops()
-        times.append((time.perf_counter() - t0) / steps * 1e3)
-    print(json.dumps({"ms": statistics.median(times)}))
+        print(json.dumps({"ms": (time.perf_counter() - t0) / n * 1e3}), flush=True)
 
 
-def run(kind, on, steps, repeats):
-    env = dict(os.environ, LAZYXLA_CHECK_VALUES="1" if on else "0")
-    p = subprocess.run([sys.executable, __file__, "--child", kind, "--steps", str(steps), "--repeats", str(repeats)],
-                       capture_output=True, text=True, env=env, check=True)
-    return json.loads(p.stdout.strip().splitlines()[-1])["ms"]
+class Child:
+    def __init__(self, kind, on):
+        env = dict(os.environ, LAZYXLA_CHECK_VALUES="1" if on else "0")
+        self.p = subprocess.Popen([sys.executable, __file__, "--child", kind], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, env=env)
+        while self.p.stdout.readline().strip() != "ready":
+            if self.p.poll() is not None:
+                raise RuntimeError(f"the {kind} child ended")
+
+    def block(self, n):
+        self.p.stdin.write(f"{n}\n")
+        self.p.stdin.flush()
+        return json.loads(self.p.stdout.readline())["ms"]
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.wait()
+
+
+def compare(kind, steps, pairs, rounds):
+    """Per round, a new pair of children (a process's own layout moves its speed by up to 20%
+    here, so one pair is not enough): the median of that pair's block ratios. Returns the
+    medians of ms per step on and off over all blocks, and the rounds' ratios."""
+    a, b, per_round = [], [], []
+    for r in range(rounds):
+        if r % 2:  # which process starts first moves its speed too (an A/A run here: 4%)
+            off, on = Child(kind, False), Child(kind, True)
+        else:
+            on, off = Child(kind, True), Child(kind, False)
+        try:
+            ra, rb = [], []
+            for i in range(pairs):
+                if i % 2:  # alternate which goes first
+                    rb.append(off.block(steps))
+                    ra.append(on.block(steps))
+                else:
+                    ra.append(on.block(steps))
+                    rb.append(off.block(steps))
+        finally:
+            on.close()
+            off.close()
+        a += ra
+        b += rb
+        per_round.append(statistics.median(x / y for x, y in zip(ra, rb)))
+    return statistics.median(a), statistics.median(b), sorted(per_round)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=3, help="new processes per setting, alternated")
+    ap.add_argument("--steps", type=int, default=20, help="steps per block")
+    ap.add_argument("--pairs", type=int, default=20, help="blocks per setting and round, alternated")
+    ap.add_argument("--rounds", type=int, default=8, help="new pairs of processes")
     ap.add_argument("--child", choices=sorted(KINDS))
     ap.add_argument("--kinds", default="mlp,embedding,lookup")
     args = ap.parse_args(argv)
     if args.child:
-        return child(args.child, args.steps, args.repeats)
-    print(f"value checks on/off, ms per warm step (median of {args.rounds} processes each, alternated)")
+        return child(args.child)
+    print(f"value checks on/off: ms per warm step; {args.rounds} rounds of a new pair of processes, "
+          f"each {args.pairs} blocks of {args.steps} steps per setting, in turn")
     for kind in args.kinds.split(","):
-        on, off = [], []
-        for _ in range(args.rounds):
-            on.append(run(kind, True, args.steps, args.repeats))
-            off.append(run(kind, False, args.steps, args.repeats))
-        m_on, m_off = statistics.median(on), statistics.median(off)
-        print(f"  {kind:<10} on {m_on:8.3f}  off {m_off:8.3f}  on/off {m_on / m_off:.3f}  "
-              f"(on {', '.join(f'{x:.3f}' for x in on)}; off {', '.join(f'{x:.3f}' for x in off)})")
+        m_on, m_off, rs = compare(kind, args.steps, args.pairs, args.rounds)
+        print(f"  {kind:<10} on {m_on:8.3f}  off {m_off:8.3f}  on/off {statistics.median(rs):.3f} "
+              f"(the {len(rs)} rounds: {', '.join(f'{r:.3f}' for r in rs)})")
 
 
 if __name__ == "__main__":

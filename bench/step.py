@@ -15,7 +15,9 @@ Then it says where lazyxla's step goes, from three more runs:
   tracer written in Python pays PyTorch (autograd, dispatcher, Python wrappers) per step;
 - tracing the step against its sync, and the sync's own phases (collecting the pending
   tensors, post-order, donation plan, graph hash, cache lookup, dispatch).
-Usage: python bench/step.py [--steps N] [--repeats R] [--explain]
+``--checks`` adds the value checks' cost: this step with LAZYXLA_CHECK_VALUES on against off
+(bench/checks.py's method: new processes in turn).
+Usage: python bench/step.py [--steps N] [--repeats R] [--explain] [--checks]
 """
 from __future__ import annotations
 
@@ -261,7 +263,12 @@ def main(argv=None):
     ap.add_argument("--explain", action="store_true",
                     help="also run lazyxla with LAZYXLA_EXPLAIN_RECOMPILES on and report that ratio")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the runs that say where the step goes")
+    ap.add_argument("--checks", action="store_true",
+                    help="also measure this step with the value checks on against off (LAZYXLA_CHECK_VALUES is "
+                         "read at import: bench/checks.py's new processes, in turn)")
     args = ap.parse_args(argv)
+    from lazyxla.lowering.program import CHECK_VALUES
+    print(f"value checks (LAZYXLA_CHECK_VALUES): {'on' if CHECK_VALUES else 'off'}")
     results = {"jax.jit": [], "lazyxla": [], "eager": [], "replay": [], "jax.jit+grads": []}
     fns = {"jax.jit": bench_jax, "lazyxla": bench_lazyxla, "eager": bench_eager, "replay": bench_replay,
            "jax.jit+grads": lambda n: bench_jax(n, same_outputs=True)}
@@ -282,6 +289,11 @@ def main(argv=None):
     if args.explain:
         print(f"ratio lazyxla with/without LAZYXLA_EXPLAIN_RECOMPILES = "
               f"{med['lazyxla+explain'] / med['lazyxla']:.3f}")
+    if args.checks:
+        import checks
+        on, off, rounds = checks.compare("mlp", 20, 20, 6)
+        print(f"value checks on/off: {statistics.median(rounds):.3f} ({on:.3f} / {off:.3f} ms per step; "
+              f"rounds {', '.join(f'{r:.3f}' for r in rounds)})")
     import lazyxla.debug.metrics as met
     print(f"lazyxla compiles: UncachedCompile={met.counter_value('UncachedCompile')}, "
           f"CachedCompile={met.counter_value('CachedCompile')}")

@@ -73,6 +73,16 @@ CASES = {
                       "takes value 5 which is not in the valid range [0, 3)"),
     "cross_entropy": (lambda d: F.cross_entropy(torch.randn(2, 3).to(d), _i(d, 1, 7)), "aten::nll_loss_forward",
                       "Target 7 is out of bounds."),
+    "masked_scatter_source": (lambda d: torch.zeros(4).to(d).masked_scatter(_i(d, True, True, True, False),
+                                                                            torch.ones(2).to(d)),
+                              "aten::masked_scatter", "Number of elements of source < number of ones in mask"),
+    "index_put_mask": (lambda d: torch.zeros(4, 2).to(d).index_put((_i(d, True, True, True, False),),
+                                                                   torch.ones(2, 2).to(d)), "aten::index_put",
+                       "shape mismatch: value tensor of shape [2, 2] cannot be broadcast to indexing result of "
+                       "shape [3, 2]"),
+    "searchsorted_sorter": (lambda d: torch.searchsorted(torch.tensor([1., 2, 3]).to(d), torch.tensor([2.]).to(d),
+                                                         sorter=_i(d, 0, 5, 1)), "aten::searchsorted",
+                            "torch.searchsorted(): sorter index out of range"),
     "multinomial_negative": (lambda d: torch.multinomial(torch.tensor([0.5, -0.1]).to(d), 1), "aten::multinomial",
                              "probability tensor contains either `inf`, `nan` or element < 0"),
     "multinomial_nan": (lambda d: torch.multinomial(torch.tensor([0.5, float("nan")]).to(d), 1), "aten::multinomial",
@@ -241,3 +251,29 @@ def test_the_checks_are_on_by_default_and_listed_in_the_program():
     assert kind == "IndexError" and os.path.basename(where[0]) == HERE and "{value}" in text
     assert json.dumps(progs[-1].checks)  # what the persistent cache stores with the program
     del y
+
+
+def test_opinfo_error_inputs_only_the_values_decide_all_raise():
+    """PyTorch's OpInfo error inputs that no recording-time check can decide (an index out of
+    bounds, a bad distribution) raise too, at the read (bench/error_inputs.py's runner)."""
+    import importlib.util
+    import re
+    pytest.importorskip("expecttest")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "error_inputs.py")
+    spec = importlib.util.spec_from_file_location("bench_error_inputs_values", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    value_dependent = re.compile(r"out of bounds|probability tensor contains|invalid multinomial distribution")
+    seen, silent = 0, []
+    for op_i, j, name in bench.cases():
+        rec = bench.run_case(op_i, j)
+        bench._settle()
+        if rec["outcome"] == "eager-accepts" or not value_dependent.search(rec["expected"]):
+            continue
+        seen += 1
+        if rec["outcome"] != "raise":
+            silent.append(f"{name}({rec['input']}): {rec['outcome']}")
+        else:
+            assert value_dependent.search(rec.get("error", "")), rec
+    assert seen >= 17
+    assert not silent, "\n".join(silent)

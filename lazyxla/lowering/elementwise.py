@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import torch
 
 from ..xla import jnp_dtype
+from .program import check_index
 from .registry import register
 
 
@@ -477,6 +478,7 @@ def _search_dtype(sig):
 @register("searchsorted.Tensor", "searchsorted.Scalar")
 def _searchsorted(sig, seq, vals, out_int32=False, right=False, side=None, sorter=None):
     if sorter is not None:
+        check_index(sorter, seq.shape[-1], "torch.searchsorted(): sorter index out of range (index {value})")
         seq = jnp.take_along_axis(seq, sorter.astype(jnp.int64), axis=-1)
     dt = _search_dtype(sig)
     vals = jnp.asarray(_c(vals, dt))

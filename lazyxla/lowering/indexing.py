@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .program import check_index
+from .program import check_index, report
 from .registry import register
 
 
@@ -120,7 +120,12 @@ def _index_put_mask(x, indices, values, accumulate):
     v = jnp.asarray(values, x.dtype)
     k = v.shape[-(len(post) + 1)] if v.ndim > len(post) else 1
     v = jnp.broadcast_to(v, pre + (k,) + post)
-    which = jnp.clip(jnp.cumsum(mf.astype(jnp.int64)) - 1, 0, k - 1)
+    count = jnp.cumsum(mf.astype(jnp.int64))
+    if k != 1:  # k values for the mask's True elements: their number must be k
+        shape = ", ".join(str(s) for s in jnp.shape(values))
+        report(count[-1] != k, count[-1], f"shape mismatch: value tensor of shape [{shape}] cannot be broadcast to "
+               "indexing result of shape [{value}" + "".join(f", {s}" for s in post) + "]")
+    which = jnp.clip(count - 1, 0, k - 1)
     picked = jnp.take(v, which, axis=len(pre))
     keep = mf.reshape((1,) * len(pre) + (n,) + (1,) * len(post))
     new = jnp.where(keep, xr + picked if accumulate else picked, xr)
@@ -164,9 +169,13 @@ def masked_scatter(sig, x, mask, source):
     flat = jnp.broadcast_to(x, shape).reshape(-1)
     m = jnp.broadcast_to(mask, shape).reshape(-1)
     src = source.reshape(-1).astype(x.dtype)
+    count = jnp.cumsum(m.astype(jnp.int64))
+    if m.size:
+        report(count[-1] > src.size, count[-1], "Number of elements of source < number of ones in mask "
+               f"({{value}} ones, {src.size} elements)")
     if src.size == 0:
         return flat.reshape(shape)
-    k = jnp.clip(jnp.cumsum(m.astype(jnp.int64)) - 1, 0, src.size - 1)
+    k = jnp.clip(count - 1, 0, src.size - 1)
     return jnp.where(m, src[k], flat).reshape(shape)
 
 

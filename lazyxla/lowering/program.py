@@ -154,12 +154,15 @@ def report(flag, value, text, kind="RuntimeError"):
 
 def check_index(index, size, text, kind="RuntimeError", negative=False):
     """Report whether any of ``index`` falls outside ``[0, size)`` (``[-size, size)`` with
-    ``negative``), showing the first that does."""
+    ``negative``), showing the farthest out that does. One reduction over the indices: each
+    is encoded as -1 when in bounds, 2k for ``size + k``, 2k - 1 for ``low - k``; the maximum
+    says whether any is out and which."""
     if _checks is None or not getattr(index, "size", 0):
         return
-    flat = jnp.reshape(index, (-1,))
-    bad = (flat >= size) | (flat < (-size if negative else 0))
-    report(jnp.any(bad), flat[jnp.argmax(bad)], text, kind)
+    flat = jnp.reshape(index, (-1,)).astype(jnp.int64)
+    low = -size if negative else 0
+    r = jnp.max(jnp.where(flat >= size, 2 * (flat - size), jnp.where(flat < low, 2 * (low - flat) - 1, -1)))
+    report(r >= 0, jnp.where(r % 2 == 0, r // 2 + size, low - (r + 1) // 2), text, kind)
 
 
 # ---------------------------------------------------------------------------------------
