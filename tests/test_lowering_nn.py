@@ -499,7 +499,8 @@ BACKWARD = [
 ]
 
 
-@pytest.mark.parametrize("op,extra,kw,fwd", BACKWARD, ids=lambda v: str(v))
+@pytest.mark.parametrize("op,extra,kw,fwd", BACKWARD,
+                         ids=lambda v: getattr(v, "__name__", str(v)))  # no addresses: the same ids in every worker
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_activation_backward(op, extra, kw, fwd, dtype):
     x = _act_input(dtype)
