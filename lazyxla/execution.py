@@ -16,14 +16,16 @@ of in-flight programs, the ``ExecuteTime`` metric and ``ExecuteComputation`` cou
 from __future__ import annotations
 
 import atexit
-import os
 import threading
 from collections import deque
 from itertools import repeat
 from operator import is_ as _is
 from queue import SimpleQueue
 
+import numpy as np
+
 from . import metrics
+from .ir import fmt_where
 
 _now = metrics.now_ns
 MAX_INFLIGHT = 2
@@ -55,11 +57,9 @@ class IndexCheckError(ValueCheckError, IndexError):
 def _check_failure(flags, checks, key_hex):
     """The error of the first failed check among ``flags`` (the program's rows of (flag, value),
     one per entry of ``checks``), or None."""
-    import numpy as np
-    rows = np.asarray(flags)
-    for (flag, value), (op, where, text, kind) in zip(rows.tolist(), checks):
+    for (flag, value), (op, where, text, kind) in zip(np.asarray(flags).tolist(), checks):
         if flag:
-            at = f" at {os.path.basename(where[0])}:{where[1]}" if where else ""
+            at = f" at {fmt_where(where)}" if where else ""
             cls = IndexCheckError if kind == "IndexError" else ValueCheckError
             return cls(f"lazyxla: {op}{at}: {text.format(value=value)} (a value check of graph {key_hex}, "
                        f"read when it ran; LAZYXLA_CHECK_VALUES=0 turns the checks off)")
@@ -242,12 +242,12 @@ def raise_failed_checks():
     """At a sync: a program that already finished and failed a value check raises here (and
     is not reported again at the next wait); one still running raises at a later sync, wait
     or read."""
-    for c in list(_inflight):
+    for c in _inflight:
         if not c.done():
-            break
+            return
         e = c.wait()  # done: no wait (a replay's completion reads its checks here)
         if isinstance(e, ValueCheckError):
-            _inflight.remove(c)
+            _inflight.remove(c)  # the loop ends here: removing while iterating is safe
             raise type(e)(str(e), e.root) from None
 
 
@@ -284,14 +284,13 @@ def run(executable, inputs, n_outputs: int, key_hex: str, timed: bool = True, ch
                                  "(lazyxla.set_buffer_donation) and no longer exists")
             done = Completion(ExecutionError(_failure_text(key_hex, e)))
         else:
-            flags = None
-            if checks:
-                flags, outs = outs[-1], outs[:-1]
+            rows = None
+            if checks:  # the value checks' rows are the last output (lowering.program)
+                rows, outs = (outs[-1], checks), outs[:-1]
             if not timed:
-                done = Completion(outs=outs, key_hex=key_hex,
-                                  checks=None if flags is None else (flags, checks))
+                done = Completion(outs=outs, key_hex=key_hex, checks=rows)
             else:
-                done = Completion(checks=None if flags is None else (flags, checks))
+                done = Completion(checks=rows)
                 if _thread is None:
                     _thread = threading.Thread(target=_completions, name="lazyxla-exec", daemon=True)
                     _thread.start()

@@ -125,11 +125,11 @@ def _load_persistent(graph, trace, donors):
     pcache = persistent_cache.get_cache()
     if pcache is None or process_mesh() is not None:  # a job's programs span its processes: not kept
         return None
-    fn = pcache.load(trace.key, specs(graph), len(graph.roots))
-    if fn is None:
+    got = pcache.load_checked(trace.key, specs(graph), len(graph.roots))
+    if got is None:
         return None
-    return CachedProgram(fn, trace.key, trace, len(graph.params), len(graph.roots), graph.n_ops, 0, tuple(donors),
-                         extra={"persistent": True}, checks=pcache.last_checks)
+    return CachedProgram(got[0], trace.key, trace, len(graph.params), len(graph.roots), graph.n_ops, 0,
+                         tuple(donors), extra={"persistent": True}, checks=got[1])
 
 
 def _store_persistent(prog, name):

@@ -26,6 +26,7 @@ import sys
 from ..debug import explain as debug_explain
 from ..debug import fold_page, walk_page
 from ..debug.walk import Walker, WalkSourceError
+from ..ir import fmt_where
 from .script import run_script
 
 
@@ -95,16 +96,10 @@ def run(args) -> int:
     if args.walk:
         return _walk(args.script, script_args, out, pick)
     code = run_script(args.script, script_args)
-    try:
-        sys.stdout.flush()
-    except Exception:  # noqa: BLE001
-        pass
+    _flush()
     data = debug_explain.export()
     data["meta"] = {"script": args.script, "argv": script_args, "exit_code": code}
-    try:
-        fold_page.write(out, data)
-    except OSError as e:
-        print(f"lazyxla explain: error: cannot write {out}: {e}", file=sys.stderr)
+    if not _write(fold_page.write, out, data):
         return code or 2
     n_rec = sum(1 for r in data["records"] if r.get("closest"))
     print(f"lazyxla explain: fold page: {os.path.abspath(out)} ({len(data['keys'])} keys, "
@@ -117,7 +112,7 @@ def _walk(script, script_args, out, pick) -> int:
     raised = []
 
     def on_error(e, where):
-        at = f" at {os.path.basename(where[0])}:{where[1]}" if where else ""
+        at = f" at {fmt_where(where)}" if where else ""
         raised.append(f"{type(e).__name__}: {e}{at}")
 
     walker = Walker(pick).start()
@@ -125,10 +120,7 @@ def _walk(script, script_args, out, pick) -> int:
         code = run_script(script, script_args, on_error=on_error, on_end=walker.stop)
     finally:
         walker.stop()
-    try:
-        sys.stdout.flush()
-    except Exception:  # noqa: BLE001
-        pass
+    _flush()
     error = raised[0] if raised else None
     try:
         data = walker.export(error=error)
@@ -136,13 +128,28 @@ def _walk(script, script_args, out, pick) -> int:
         print(f"lazyxla explain: error: {e}", file=sys.stderr)
         return code or 2
     data["meta"] = {"script": script, "argv": script_args, "exit_code": code, "error": error}
-    try:
-        walk_page.write(out, data)
-    except OSError as e:
-        print(f"lazyxla explain: error: {e}", file=sys.stderr)
+    if not _write(walk_page.write, out, data):
         return code or 2
     walked = data["walked"]
     said = (f"lookup {walked} of {len(data['lookups'])}" if walked is not None else
             f"nothing walked ({len(data['lookups'])} lookups)")
     print(f"lazyxla explain: code walk: {os.path.abspath(out)} ({said})", file=sys.stderr)
     return code
+
+
+def _flush():
+    """The script's output before ours (a closed or broken stdout is the script's business)."""
+    try:
+        sys.stdout.flush()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _write(write, out, data) -> bool:
+    """Write a page with ``write(out, data)``; False, with a one-line error, if it cannot."""
+    try:
+        write(out, data)
+        return True
+    except OSError as e:
+        print(f"lazyxla explain: error: cannot write {out}: {e}", file=sys.stderr)
+        return False

@@ -296,7 +296,7 @@ class Walker:
                 "lookup": {"before": before, "after": (_counter("CachedCompile"), _counter("UncachedCompile"))
                            if outcome != "compiling" else None},
                 "rng": {"before": rng._seed, "after": None}, "execute": None}
-        snap["arena"], snap["param_tensor"] = self._arena(cause, set(tensor_uids), graph)
+        snap["arena"], snap["param_tensor"] = self._arena(cause, set(tensor_uids), graph.params)
         snap["rng"].update(self._seed_chain(graph))
         if snap["donors"] is None:  # a compile about to start: the donors its lookup was given
             owners = [p.owner() for p in graph.params if p.owner is not None]
@@ -350,11 +350,11 @@ class Walker:
                 "hits": _counter("CachedCompile"), "misses": _counter("UncachedCompile"),
                 "persistent": None if pc is None else {"path": pc.path, "readonly": pc.readonly}}
 
-    def _arena(self, cause, roots, graph):
+    def _arena(self, cause, roots, leaves):
         """One row per live tensor (id, shape, dtype, state, the line that made it, synced or not
-        and why); and, per parameter storage, the id of a live tensor holding it."""
+        and why); and, per parameter (``leaves``: the program's), the id of a live tensor holding it."""
         params = {}
-        for i, leaf in enumerate(graph.params):
+        for i, leaf in enumerate(leaves):
             st = leaf.owner() if leaf.owner is not None else None
             if st is not None:
                 params.setdefault(id(st), i)
@@ -460,9 +460,7 @@ class Walker:
         return "Nothing to walk."
 
     def _end_state(self) -> dict:
-        from ..collect import Graph
-        g = Graph([])
-        rows, _ = self._arena("none", set(), g)
+        rows, _ = self._arena("none", set(), ())
         return {"n": None, "cause": "none", "hash": None, "outcome": None, "ops": 0, "where": None, "trace": None,
                 "graph": None, "prog": None, "donors": None, "roots": [], "cache": self._cache(), "lookup": None,
                 "rng": {"before": rng._seed, "after": None, "chain": 0, "leaf_param": None, "leaf_value": None,

@@ -1,7 +1,7 @@
 """A persistent cache directory: ``PersistentCache`` loads, stores, evicts and lists compiled
 programs, one entry file per graph key (R7).
 
-``load(key, arg_specs, n_outputs)`` returns a callable that runs like the
+``load(key, arg_specs, n_outputs)`` (``load_checked``: with the program's value checks) returns a callable that runs like the
 ``jax.stages.Compiled`` that was stored (``fn(*arrays) -> tuple``, donation included), or None
 on a miss or a bad entry; ``store(key, compiled, meta)`` writes one. An entry is handed to
 ``deserialize_executable`` only after its size, checksum and MAC verify (``entry``) and its
@@ -128,7 +128,6 @@ class PersistentCache:
         self._warned_store = False
         self.last_failure = None  # why the last bad entry was rejected
         self.last_call_path = None
-        self.last_checks = ()  # the value checks of the program the last load returned
         self._checked = None  # the remembered signature checks, read at the first question
         self._check_directory()
 
@@ -169,10 +168,17 @@ class PersistentCache:
 
     # -- load -------------------------------------------------------------------------
     def load(self, key: bytes, arg_specs, n_outputs: int):
-        """The program stored under ``key`` as ``fn(*arrays) -> tuple of n_outputs arrays``,
-        (with one more, the value checks' rows, when the stored program has checks: their list
-        is ``last_checks`` after the load), or None (no entry: ``PersistentCacheMiss``; a bad one: ``PersistentCacheDeserializeFailure``,
-        deleted unless read-only). A hit counts ``PersistentCacheHit`` and marks the entry used."""
+        """The program stored under ``key`` as ``fn(*arrays) -> tuple of n_outputs arrays``, or
+        None (``load_checked``, for a program stored without value checks)."""
+        got = self.load_checked(key, arg_specs, n_outputs)
+        return None if got is None else got[0]
+
+    def load_checked(self, key: bytes, arg_specs, n_outputs: int):
+        """(fn, checks) for the program stored under ``key``: ``fn(*arrays)`` gives n_outputs
+        arrays, and one more, the rows of its value checks, when ``checks`` (``lowering.program``)
+        is not empty; or None (no entry: ``PersistentCacheMiss``; a bad one:
+        ``PersistentCacheDeserializeFailure``, deleted unless read-only). A hit counts
+        ``PersistentCacheHit`` and marks the entry used."""
         path = self.entry_path(key)
         if not os.path.lexists(path):
             return self._miss()
@@ -193,7 +199,6 @@ class PersistentCache:
             except _BadEntry as e:
                 return self._reject(path, str(e))
         metrics.counter_inc("PersistentCacheHit")
-        self.last_checks = checks
         self._stats["hits"] += 1
         h = bytes(key).hex()
         self._hits[h] = self._hits.get(h, 0) + 1
@@ -202,7 +207,7 @@ class PersistentCache:
                 os.utime(path)  # last used, for the size bound's LRU order
             except OSError:
                 pass
-        return fn
+        return fn, checks
 
     def _miss(self):
         metrics.counter_inc("PersistentCacheMiss")
