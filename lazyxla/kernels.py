@@ -6,7 +6,8 @@
   ``rand``, ``empty`` ...) and a fallback for any other op reaching the key: recorded by the
   warm path (``tensor.dispatch``);
 - uploads (``_to_copy`` of a CPU tensor: ``.to(device)``, ``Module.to``), and ``Module._apply``
-  wrapped so that ``model.to(lazyxla.device())`` keeps tied weights tied, as it does for CUDA;
+  wrapped so that ``model.to(lazyxla.device())`` keeps tied weights tied, as it does for CUDA,
+  and optimizers made before the move follow the new parameters (``param_moves``);
 - for the AutogradPrivateUse1 key, PyTorch's decompositions of the recurrent layers (its
   composite RNNs pick fused cells that exist only for CUDA on a non-CPU device).
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from . import lowering
+from . import lowering, param_moves
 from .device import DEVICE
 from .tensor import LazyTensor, dispatch, to_device
 
@@ -58,27 +59,25 @@ _applying = [0]  # depth of nested _apply calls (a module's _apply calls its chi
 
 
 def _apply_keeping_ties(self, fn, recurse=True):
-    """``nn.Module._apply``, then tied parameters that became lazy tensors tied again."""
+    """``nn.Module._apply``, then tied parameters that became lazy tensors tied again, and the
+    replaced parameters remembered for the optimizers that hold them (``param_moves``)."""
     if _applying[0]:
         return _module_apply(self, fn, recurse)
-    places: dict = {}  # id(parameter) -> (the parameter, [(module, name), ...])
-    for m in (self.modules() if recurse else (self,)):
-        for name, p in m._parameters.items():
-            if p is not None:
-                places.setdefault(id(p), (p, []))[1].append((m, name))
+    before = param_moves.places(self, recurse)
     _applying[0] += 1
     try:
         out = _module_apply(self, fn, recurse)
     finally:
         _applying[0] -= 1
-    for _, held in places.values():
+    for _, held in before.values():
         if len(held) < 2:
             continue
         first = held[0][0]._parameters[held[0][1]]
         if type(first) is LazyTensor:
-            for m, name in held[1:]:
+            for m, name, _ in held[1:]:
                 if type(m._parameters[name]) is LazyTensor:
                     m._parameters[name] = first
+    param_moves.record(before)
     return out
 
 

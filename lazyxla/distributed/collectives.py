@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import param_moves
 from ..errors import LazyXlaError
 from ..ir import Node, OpSig, Slot, TensorMeta, fmt_where, user_frame
 from ..lowering import lower_all_gather, lower_all_reduce, lower_broadcast, lower_reduce_scatter
@@ -140,7 +141,9 @@ def broadcast(t, root: int = 0):
 
 def gradients(optimizer) -> list:
     """The gradients of the optimizer's parameters that have one, in its order (torch_xla's
-    ``xm._fetch_gradients``)."""
+    ``xm._fetch_gradients``). An optimizer made before its model moved to the device follows
+    the moved parameters first (``param_moves``): their gradients are the ones to reduce."""
+    param_moves.follow(optimizer)
     return [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
 
 
