@@ -3,7 +3,7 @@
 A hash is 16 bytes. ``fold(a, b, ...)`` is BLAKE2b with a 16-byte digest over the
 concatenation of its byte-string parts: one-way, and identical across processes and
 machines (no Python ``hash()`` anywhere), which the persistent cache relies on.
-``encode`` turns the plain values that appear in op parameters (ints, floats, bools,
+``encode`` turns the plain values that appear in op parameters (ints, floats, complex, bools,
 strings, dtypes, tuples, None) into canonical bytes.
 
 Touches nothing but its arguments.
@@ -39,6 +39,8 @@ def encode(v) -> bytes:
         return b"i" + str(v).encode() + b";"
     if t is float:
         return b"f" + struct.pack("<d", v)
+    if t is complex:
+        return b"c" + struct.pack("<dd", v.real, v.imag)
     if t is str:
         b = v.encode()
         return b"s" + str(len(b)).encode() + b":" + b

@@ -25,7 +25,8 @@ aten = torch.ops.aten
 
 FACTORIES = ["arange", "arange.start", "arange.start_step", "full", "zeros", "ones", "scalar_tensor",
              "linspace", "logspace", "eye", "eye.m", "randperm", "rand", "randn", "randint", "randint.low",
-             "empty.memory_format", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like"]
+             "empty.memory_format", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
+             "_efficientzerotensor"]
 RNN_OPS = ("lstm.input", "lstm.data", "gru.input", "gru.data", "rnn_tanh.input", "rnn_tanh.data",
            "rnn_relu.input", "rnn_relu.data")
 

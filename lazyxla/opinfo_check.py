@@ -105,7 +105,27 @@ VALUE_READS = {
 CPU_ARGS = {"tensor_split": (0,)}
 
 TOLERANCES = {torch.float16: (1e-2, 1e-2), torch.bfloat16: (1.6e-2, 1e-2),
-              torch.float32: (1e-4, 1e-5), torch.complex64: (1e-4, 1e-5)}
+              torch.float32: (1e-4, 1e-5), torch.complex64: (1e-4, 1e-5),
+              torch.float64: (1e-7, 1e-7), torch.complex128: (1e-7, 1e-7)}
+
+# The dtypes ``--dtype`` takes by name, and the modes a whole run is made of (``MODES``: every
+# dtype the issue-31 table covers, and float32 autograd).
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+          "bfloat16": torch.bfloat16, "complex64": torch.complex64, "int32": torch.int32,
+          "int64": torch.int64, "uint8": torch.uint8, "bool": torch.bool}
+MODES = ("float32", "float32-grad", "float64", "float16", "bfloat16", "complex64", "int32", "int64", "bool")
+
+
+def parse_mode(mode: str):
+    """``(dtype, grad)`` of a mode name: a dtype (``bfloat16``) or ``float32-grad`` (autograd:
+    the gradients of every input that requires one, for a fixed cotangent, are compared)."""
+    name, grad = (mode[:-len("-grad")], True) if mode.endswith("-grad") else (mode, False)
+    if name not in DTYPES:
+        raise ValueError(f"lazyxla coverage --opinfo: unknown dtype {name!r}; one of {', '.join(DTYPES)} "
+                         f"(a floating one may end in -grad)")
+    if grad and not DTYPES[name].is_floating_point:
+        raise ValueError(f"lazyxla coverage --opinfo: {mode}: gradients need a floating dtype")
+    return DTYPES[name], grad
 
 
 @dataclasses.dataclass
@@ -157,10 +177,11 @@ def _op_db():
     return op_db
 
 
-def select(names=None):
-    """``(opinfos, excluded)``: the float32 CPU OpInfos to run, in ``op_db``'s order, and
-    ``{name: reason}`` for those left out as random (by name or nondeterministic output).
-    ``names``: OpInfo names (``div`` takes every variant, ``div.trunc_rounding`` one)."""
+def select(names=None, dtype=torch.float32, grad=False):
+    """``(opinfos, excluded)``: the OpInfos to run for ``dtype`` on the CPU (with ``grad``: those
+    whose backward supports it), in ``op_db``'s order, and ``{name: reason}`` for those left out
+    as random (by name or nondeterministic output). ``names``: OpInfo names (``div`` takes every
+    variant, ``div.trunc_rounding`` one)."""
     chosen, excluded = [], {}
     want = None if names is None else set(names)
     for o in _op_db():
@@ -168,7 +189,9 @@ def select(names=None):
         if want is not None and not (o.name in want or n in want):
             continue
         try:
-            if torch.float32 not in o.supported_dtypes("cpu"):
+            if dtype not in o.supported_dtypes("cpu"):
+                continue
+            if grad and not (o.supports_autograd and dtype in o.supported_backward_dtypes("cpu")):
                 continue
         except Exception:
             continue
@@ -191,7 +214,7 @@ class _OnCpu:
 
 
 def _clone(x):
-    return x.detach().clone() if isinstance(x, torch.Tensor) else x
+    return x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
 
 
 def _to_lazy(dev):
@@ -199,7 +222,7 @@ def _to_lazy(dev):
         if isinstance(x, _OnCpu):
             return x.t
         if isinstance(x, torch.Tensor):
-            return x.detach().to(dev)
+            return x.detach().to(dev).requires_grad_(x.requires_grad)
         if (isinstance(x, torch.device) and x.type == "cpu") or (isinstance(x, str) and x == "cpu"):
             return dev
         return x
@@ -209,25 +232,25 @@ def _to_lazy(dev):
 def _upcast(x):
     if isinstance(x, torch.Tensor):
         if x.dtype in (torch.float32, torch.float16, torch.bfloat16):
-            return x.detach().double()
+            return x.detach().double().requires_grad_(x.requires_grad)
         if x.dtype == torch.complex64:
-            return x.detach().to(torch.complex128)
-        return x.detach().clone()
+            return x.detach().to(torch.complex128).requires_grad_(x.requires_grad)
+        return x.detach().clone().requires_grad_(x.requires_grad)
     return x
 
 
 def _to_meta(x):
     if isinstance(x, torch.Tensor):
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta").requires_grad_(x.requires_grad)
     if (isinstance(x, torch.device) and x.type == "cpu") or (isinstance(x, str) and x == "cpu"):
         return torch.device("meta")
     return x
 
 
-def _outputs(opinfo, inp):
-    """The op's outputs, flattened, on ``inp`` (None if it raises)."""
+def _outputs(opinfo, inp, call):
+    """The op's outputs (or gradients), flattened, on ``inp`` (None if it raises)."""
     try:
-        return tree_flatten(_call(opinfo, inp))[0]
+        return tree_flatten(call(opinfo, inp))[0]
     except Exception:
         return None
 
@@ -235,6 +258,32 @@ def _outputs(opinfo, inp):
 def _call(opinfo, inp):
     i, a, k = inp
     return opinfo(i, *a, **k)
+
+
+class _NoGradient(Exception):
+    """The sample has no input that requires a gradient, or no differentiable output."""
+
+
+def _cotangent(t, i):
+    """A fixed cotangent for output ``i``: the same numbers for eager and the lazy device, in
+    [-1, 1), made without a random op (the seeded-random watch would take the sample for one)."""
+    n = torch.arange(t.numel(), dtype=torch.float64)
+    v = ((n * 0.7548776662466927 + 0.5698402909980532 * (i + 1)) % 1.0) * 2 - 1
+    if t.is_complex():
+        v = torch.complex(v, ((n * 0.5698402909980532 + 0.31 * (i + 1)) % 1.0) * 2 - 1)
+    return v.to(t.dtype).reshape(t.shape).to(t.device)
+
+
+def _gradients(opinfo, inp):
+    """The gradient of every input that requires one (None where unused), for fixed cotangents of
+    the op's floating outputs: what ``backward()`` gives a user."""
+    outs = [t for t in tree_flatten(_call(opinfo, inp))[0]
+            if isinstance(t, torch.Tensor) and t.requires_grad and (t.is_floating_point() or t.is_complex())]
+    leaves = [t for t in tree_flatten(inp)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not outs or not leaves:
+        raise _NoGradient()
+    cts = [_cotangent(t, i) for i, t in enumerate(outs)]
+    return list(torch.autograd.grad(outs, leaves, cts, allow_unused=True))
 
 
 def _first_line(e: BaseException) -> str:
@@ -250,6 +299,7 @@ def _no_worse(g, w, r, rtol, atol) -> bool:
         return False
     r = r.to(torch.complex128 if r.is_complex() else torch.float64)
     eg, ew = (g.to(r.dtype) - r).abs(), (w.to(r.dtype) - r).abs()
+    ew = torch.where(ew.isnan() & ~r.isnan(), torch.inf, ew)  # eager NaN where the reference is a number
     ok = (eg <= ew + atol + rtol * r.abs()) | (g.isnan() & r.isnan()) | (g == r)
     return bool(ok.all())
 
@@ -258,8 +308,8 @@ def compare(got, want, rtol, atol, ref64=None, meta=None):
     """Raises AssertionError naming the first output that differs.
 
     ``ref64``: the float64 outputs, for ill-conditioned samples; ``meta``: the meta kernel's
-    outputs. A lazy output has the meta kernel's shape, which for a few outputs differs from
-    PyTorch's CPU kernel (batch norm's saved statistics in eval mode): not compared."""
+    outputs. A lazy output with the meta kernel's shape where PyTorch's CPU kernel gives
+    another is not compared; its dtype must be eager's."""
     gl, _ = tree_flatten(got)
     wl, _ = tree_flatten(want)
     if len(gl) != len(wl):
@@ -268,15 +318,18 @@ def compare(got, want, rtol, atol, ref64=None, meta=None):
         if isinstance(w, torch.Tensor):
             if not isinstance(g, torch.Tensor):
                 raise AssertionError(f"output {i}: {type(g).__name__}, eager has a tensor")
-            if g.dtype != w.dtype or tuple(g.shape) != tuple(w.shape):
+            if g.dtype != w.dtype:
+                raise AssertionError(f"output {i}: {g.dtype}{list(g.shape)}, eager {w.dtype}{list(w.shape)}")
+            if tuple(g.shape) != tuple(w.shape):
                 m = meta[i] if meta is not None and i < len(meta) else None
-                if isinstance(m, torch.Tensor) and (m.dtype, tuple(m.shape)) == (g.dtype, tuple(g.shape)):
+                if isinstance(m, torch.Tensor) and tuple(m.shape) == tuple(g.shape):
                     continue
                 raise AssertionError(f"output {i}: {g.dtype}{list(g.shape)}, eager {w.dtype}{list(w.shape)}")
             if w.layout != torch.strided or not w.numel():
                 continue
             exact = not (w.dtype.is_floating_point or w.dtype.is_complex)
-            rt, at = (0.0, 0.0) if exact else (rtol, atol)
+            # the inputs' tolerance, or the output dtype's where it is wider (a half-precision factory)
+            rt, at = (0.0, 0.0) if exact else max((rtol, atol), TOLERANCES.get(w.dtype, (0.0, 0.0)))
             try:
                 torch.testing.assert_close(g, w, rtol=rt, atol=at, equal_nan=True, check_device=False,
                                            check_stride=False, check_layout=False,
@@ -322,9 +375,11 @@ def _lazyxla_in(e: BaseException) -> bool:
     return False
 
 
-def check_sample(opinfo, sample, dev):
+def check_sample(opinfo, sample, dev, grad=False):
     """``(moved, problem)`` for one sample (``problem`` None if it matches); raises
-    _Rejected if eager rejects the sample, _Random if eager reaches a seeded-random op."""
+    _Rejected if eager rejects the sample, _Random if eager reaches a seeded-random op. With
+    ``grad``, the inputs' gradients are compared (``_gradients``), not the outputs."""
+    call = _gradients if grad else _call
     inp = (sample.input, tuple(sample.args), dict(sample.kwargs))
     keep = CPU_ARGS.get(opinfo.name, ())
     lazy_args = tuple(_OnCpu(a) if i in keep and isinstance(a, torch.Tensor) else a
@@ -336,7 +391,9 @@ def check_sample(opinfo, sample, dev):
     watch = _SeededWatch()
     try:
         with watch:
-            want = _call(opinfo, tree_map(_clone, inp))
+            want = call(opinfo, tree_map(_clone, inp))
+    except _NoGradient:
+        raise _Rejected("no input requires a gradient, or no output is differentiable")
     except Exception as e:
         if watch.hit:
             raise _Random()
@@ -349,7 +406,7 @@ def check_sample(opinfo, sample, dev):
         return {}, moving
     c0 = _aten_counters()
     try:
-        got = _call(opinfo, lazy_inp)
+        got = call(opinfo, lazy_inp)
         lazies = [t for t in tree_flatten(got)[0] if isinstance(t, LazyTensor)]
         hosts = read_values([t._state for t in lazies]) if lazies else []
     except Exception as e:
@@ -357,16 +414,93 @@ def check_sample(opinfo, sample, dev):
     moved = _moved(c0, _aten_counters())
     table = {id(t): h for t, h in zip(lazies, hosts)}
     got = tree_map(lambda x: table.get(id(x), x) if isinstance(x, LazyTensor) else x, got)
+    if not grad and opinfo.name in TIES:
+        got = TIES[opinfo.name](inp, got, want)
     rtol, atol = _tolerances(inp)
     try:
         try:
             compare(got, want, rtol, atol)
         except AssertionError:
-            compare(got, want, rtol, atol, _outputs(opinfo, tree_map(_upcast, inp)),
-                    _outputs(opinfo, tree_map(_to_meta, inp)))
+            compare(got, want, rtol, atol, _reference(opinfo, inp, call),
+                    _outputs(opinfo, tree_map(_to_meta, inp), call))
     except AssertionError as e:
         return moved, "wrong: " + (str(e).strip().splitlines() or [""])[0]
     return moved, None
+
+
+# Ops whose index output PyTorch leaves unspecified among equal values (an unstable sort's order
+# of equivalent elements; which of tied elements topk picks): a lazy index output that selects
+# the same values from the input as eager's counts as eager's. Each rule takes (inputs, lazy
+# outputs, eager outputs) and returns the lazy outputs, with eager's indices where the lazy ones
+# are an equally valid answer.
+def _same(a, b) -> bool:
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan()) if a.is_floating_point() else a == b).all())
+
+
+def _picks(x, dim, idx, values) -> bool:
+    """``idx`` along ``dim`` picks ``values`` out of ``x``, each element at most once."""
+    if x.ndim == 0:
+        return _same(x, values) and bool((idx == 0).all())
+    if idx.dtype != torch.int64 or idx.numel() and (idx.min() < 0 or idx.max() >= x.shape[dim]):
+        return False
+    picked = torch.take_along_dim(x, idx, dim)
+    s = idx.sort(dim).values
+    distinct = s.shape[dim] < 2 or bool((s.narrow(dim, 1, s.shape[dim] - 1) != s.narrow(dim, 0, s.shape[dim] - 1)).all())
+    return _same(picked, values) and distinct
+
+
+def _sort_args(inp):
+    _, a, k = inp
+    dim = a[0] if len(a) > 0 else k.get("dim", -1)
+    return dim, bool(k.get("stable", False))
+
+
+def _ties_sort(inp, got, want):
+    dim, stable = _sort_args(inp)
+    if stable or not (isinstance(got, tuple) and len(got) == 2):
+        return got
+    if _same(got[0], want[0]) and _picks(inp[0], dim, got[1], got[0]):
+        return (got[0], want[1])
+    return got
+
+
+def _ties_argsort(inp, got, want):
+    dim, stable = _sort_args(inp)
+    if stable or not isinstance(got, torch.Tensor):
+        return got
+    x = inp[0]
+    ordered = torch.take_along_dim(x, want, dim) if x.ndim else x
+    return want if _picks(x, dim, got, ordered) else got
+
+
+def _ties_topk(inp, got, want):
+    x, a, k = inp
+    dim = a[1] if len(a) > 1 else k.get("dim", -1)
+    if isinstance(got, tuple) and len(got) == 2 and _same(got[0], want[0]) and _picks(x, dim, got[1], got[0]):
+        return (got[0], want[1])
+    return got
+
+
+TIES = {"sort": _ties_sort, "argsort": _ties_argsort, "topk": _ties_topk}
+
+
+def _reference(opinfo, inp, call):
+    """The more exact result the lazy value may be closer to than eager's: the op in float64
+    (complex128) for narrower inputs; for float64 inputs, the OpInfo's NumPy/SciPy reference
+    (``opinfo.ref``) where it has one, on a plain unary or binary call."""
+    wide = any(isinstance(t, torch.Tensor) and t.dtype in (torch.float64, torch.complex128)
+               for t in tree_flatten(inp)[0])
+    if not wide:
+        return _outputs(opinfo, tree_map(_upcast, inp), call)
+    ref = getattr(opinfo, "ref", None)
+    if ref is None or call is not _call or inp[2]:
+        return None
+    try:
+        import numpy as np
+        args = [t.detach().numpy() if isinstance(t, torch.Tensor) else t for t in (inp[0], *inp[1])]
+        return [torch.from_numpy(np.asarray(ref(*args)))]
+    except Exception:
+        return None
 
 
 # ---------------------------------------------------------------------------------------
@@ -394,10 +528,10 @@ class _Alarm:
         return False
 
 
-def check_opinfo(opinfo, samples: int = 3, time_limit: float = 60.0):
-    """The ``OpResult`` of one OpInfo on its first ``samples`` samples that are not random (a
-    sample that reaches a random op, such as attention with ``dropout_p > 0``, is passed over),
-    or ``None`` if every sample was random."""
+def check_opinfo(opinfo, samples: int = 3, time_limit: float = 60.0, dtype=torch.float32, grad=False):
+    """The ``OpResult`` of one OpInfo on its first ``samples`` samples of ``dtype`` that are not
+    random (a sample that reaches a random op, such as attention with ``dropout_p > 0``, is
+    passed over), or ``None`` if every sample was random. ``grad``: compare gradients."""
     name = full_name(opinfo)
     dev = device()
     t0 = time.monotonic()
@@ -409,7 +543,7 @@ def check_opinfo(opinfo, samples: int = 3, time_limit: float = 60.0):
             torch.manual_seed(0)
             manual_seed(0)
             try:
-                it = opinfo.sample_inputs("cpu", torch.float32, requires_grad=False)
+                it = opinfo.sample_inputs("cpu", dtype, requires_grad=grad)
                 batch = list(itertools.islice(it, 4 * samples))
             except Exception as e:
                 return OpResult(name, "no-sample", problem="sample_inputs: " + _first_line(e),
@@ -418,7 +552,7 @@ def check_opinfo(opinfo, samples: int = 3, time_limit: float = 60.0):
                 if accepted + len(rejected) == samples:
                     break
                 try:
-                    r = check_sample(opinfo, s, dev)
+                    r = check_sample(opinfo, s, dev, grad)
                 except _Random:  # a random sample (dropout_p > 0): the next one instead
                     random_samples += 1
                     continue
@@ -455,14 +589,16 @@ def check_opinfo(opinfo, samples: int = 3, time_limit: float = 60.0):
     return OpResult(name, "fallback" if counters else "ok", accepted, counters, "", secs)
 
 
-def run(names=None, samples: int = 3, time_limit: float = 60.0, progress=None):
-    """``(results, excluded)``: an ``OpResult`` per OpInfo run, ``{name: reason}`` left out."""
-    opinfos, excluded = select(names)
+def run(names=None, samples: int = 3, time_limit: float = 60.0, progress=None, mode: str = "float32"):
+    """``(results, excluded)``: an ``OpResult`` per OpInfo run, ``{name: reason}`` left out;
+    ``mode``: a dtype's name, or ``float32-grad`` (``parse_mode``)."""
+    dtype, grad = parse_mode(mode)
+    opinfos, excluded = select(names, dtype, grad)
     results = []
     for i, o in enumerate(opinfos):
         if progress is not None:
             progress(i, len(opinfos), full_name(o))
-        r = check_opinfo(o, samples, time_limit)
+        r = check_opinfo(o, samples, time_limit, dtype, grad)
         if r is None:
             excluded[full_name(o)] = "random (every sample reaches a nondeterministic_seeded ATen op)"
         else:
@@ -481,9 +617,9 @@ def totals(results) -> dict:
     return {k: c.get(k, 0) for k in STATUSES}
 
 
-def totals_line(results) -> str:
+def totals_line(results, mode: str = "float32") -> str:
     c, n = totals(results), len(results)
-    return (f"opinfo: {n} ops, {c['ok']} ok, {c['fallback']} fallback "
+    return (f"opinfo{'' if mode == 'float32' else ' ' + mode}: {n} ops, {c['ok']} ok, {c['fallback']} fallback "
             f"({100 * c['fallback'] / n if n else 0.0:.1f}%), {c['wrong']} wrong, {c['error']} error, "
             f"{c['refused']} refused, {c['no-sample']} no-sample")
 
@@ -511,9 +647,9 @@ def by_counter(results) -> dict:
     return dict(sorted(out.items(), key=lambda kv: (-len(kv[1]), kv[0])))
 
 
-def to_json(results, excluded, samples, seconds) -> dict:
-    return {"torch": torch.__version__, "jax": jax.__version__, "samples": samples,
-            "seconds": round(seconds, 1), "totals": totals(results), "totals_line": totals_line(results),
+def to_json(results, excluded, samples, seconds, mode="float32") -> dict:
+    return {"torch": torch.__version__, "jax": jax.__version__, "mode": mode, "samples": samples,
+            "seconds": round(seconds, 1), "totals": totals(results), "totals_line": totals_line(results, mode),
             "excluded": excluded, "ops": [r.record() for r in _sorted(results)]}
 
 
@@ -587,6 +723,45 @@ def page(results, excluded, samples, seconds) -> str:
     return "\n".join(parts) + "\n"
 
 
+_MODES_INTRO = """\
+# OpInfo coverage beyond float32
+
+Generated by `lazyxla coverage --opinfo --dtype {modes} --markdown docs/opinfo_dtypes.md` ({versions};
+{seconds:.0f} s on {cpus} cores); regenerate rather than edit.
+
+As `docs/opinfo.md` (float32), for each dtype every OpInfo that supports it on the CPU, on its
+first {samples} samples of that dtype; `float32-grad`: every OpInfo whose backward supports
+float32, the gradient of each input that requires one for a fixed cotangent of the outputs,
+compared with eager's (what `backward()` gives). Values as close as eager's own to the op run in
+float64 (for float64: to the OpInfo's NumPy/SciPy reference) count as equal.
+
+| mode | ops | ok | fallback | wrong | error | refused | no-sample |
+|---|---|---|---|---|---|---|---|
+"""
+
+
+def modes_page(per_mode: dict, samples, seconds) -> str:
+    """The page of several modes: ``per_mode`` is ``{mode: (results, excluded)}``."""
+    parts = [_MODES_INTRO.format(modes=",".join(per_mode), seconds=seconds, cpus=os.cpu_count(),
+                                 versions=f"PyTorch {torch.__version__}, JAX {jax.__version__}", samples=samples)
+             .rstrip("\n")]
+    for mode, (results, _) in per_mode.items():
+        c = totals(results)
+        parts.append(f"| {mode} | {len(results)} | " + " | ".join(str(c[k]) for k in STATUSES) + " |")
+    parts.append("")
+    for mode, (results, _) in per_mode.items():
+        parts.append(f"## {mode}\n")
+        bad = [r for r in _sorted(results) if r.status != "ok"]
+        if not bad:
+            parts.append("Every OpInfo matches eager.\n")
+            continue
+        parts.append("| OpInfo | status | aten ops that moved | first problem |\n|---|---|---|---|")
+        parts.extend(f"| `{r.name}` | {r.status} | {_cell(_counters_text(r.counters))} | {_cell(r.problem)} |"
+                     for r in bad)
+        parts.append("")
+    return "\n".join(parts) + "\n"
+
+
 def add_arguments(p) -> None:
     """The ``--opinfo`` options of ``lazyxla coverage``."""
     p.add_argument("--opinfo", action="store_true",
@@ -599,6 +774,9 @@ def add_arguments(p) -> None:
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
                    help="with --opinfo: seconds per OpInfo before it counts as an error (default 60)")
     p.add_argument("--json", metavar="FILE", help="with --opinfo: write the per-op records to FILE")
+    p.add_argument("--dtype", default="float32", metavar="MODE,...",
+                   help="with --opinfo: the dtypes to run (" + ", ".join(DTYPES) + "), float32-grad for "
+                        "gradients, or all (" + ",".join(MODES) + "); default float32")
 
 
 def main(args) -> int:
@@ -612,21 +790,36 @@ def main(args) -> int:
             print(f"\r[{i + 1}/{n}] {name:<56}", end="", file=sys.stderr, flush=True)
         elif i % 50 == 0:
             print(f"[{i + 1}/{n}] {name} ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+    modes = list(MODES) if args.dtype.strip() == "all" else [m.strip() for m in args.dtype.split(",") if m.strip()]
+    for m in modes:
+        parse_mode(m)   # an unknown mode fails before anything runs
+    per_mode, lines = {}, []
     t0 = time.monotonic()
-    results, excluded = run(names, samples=args.samples, time_limit=args.time_limit, progress=progress)
+    for mode in modes:
+        m0 = time.monotonic()
+        results, excluded = run(names, samples=args.samples, time_limit=args.time_limit, progress=progress,
+                                mode=mode)
+        per_mode[mode] = (results, excluded)
+        if tty:
+            print(file=sys.stderr)
+        print(table(results))
+        if excluded:
+            print(f"excluded as random or nondeterministic ({len(excluded)}): " + ", ".join(excluded))
+        print(f"took {time.monotonic() - m0:.0f} s")
+        lines.append(totals_line(results, mode))
+        print(lines[-1])
     seconds = time.monotonic() - t0
-    if tty:
-        print(file=sys.stderr)
-    print(table(results))
-    if excluded:
-        print(f"excluded as random or nondeterministic ({len(excluded)}): " + ", ".join(excluded))
-    print(f"took {seconds:.0f} s")
-    print(totals_line(results))
+    if len(modes) > 1:
+        print("\n".join(lines))
     if getattr(args, "json", None):
         with open(args.json, "w") as f:
-            json.dump(to_json(results, excluded, args.samples, seconds), f, indent=1)
+            records = {m: to_json(r, e, args.samples, seconds, m) for m, (r, e) in per_mode.items()}
+            json.dump(records[modes[0]] if len(modes) == 1 else {"modes": records}, f, indent=1)
             f.write("\n")
     if getattr(args, "markdown", None):
         with open(args.markdown, "w") as f:
-            f.write(page(results, excluded, args.samples, seconds))
+            if modes == ["float32"]:
+                f.write(page(*per_mode["float32"], args.samples, seconds))
+            else:
+                f.write(modes_page(per_mode, args.samples, seconds))
     return 0

@@ -103,7 +103,7 @@ def op_info(func) -> FuncInfo:
     return i
 
 
-SCALAR_TYPES = (int, float, bool)
+SCALAR_TYPES = (int, float, bool, complex)
 
 
 # The special scalars (R1.5); the warm path tests ``v in SPECIAL_SCALARS`` inline.
@@ -192,6 +192,9 @@ def new_entry(func, info, args, kwargs, where) -> Entry:
     mout = _run_on_meta(target if target is not None else func, info, args, kwargs, where)
     if mout is _NEEDS_VALUES:  # e.g. an output shape that depends on the values: the CPU computes it (R1.7)
         return Entry(None, "fallback")
+    rule = lowering.OUTPUT_DTYPES.get(target)
+    if rule is not None:  # the CPU kernel's dtypes where its meta kernel says others
+        mout = _with_dtypes(mout, rule(*args, **(kwargs or {})))
     outs = flat_tensors(mout, [])
     if info.kind == "out":
         checks.check_out_dtypes(func, info, kwargs, outs, where)
@@ -207,6 +210,11 @@ def new_entry(func, info, args, kwargs, where) -> Entry:
             return Entry(None, "decomp")
         return Entry(None, "fallback")
     return _node_entry(info, target, low, args, kwargs, mout, outs, where)
+
+
+def _with_dtypes(mout, dtypes):
+    """The meta result ``mout`` (a tuple of tensors) with each output in ``dtypes``' dtype (None: kept)."""
+    return type(mout)(o if d is None or o is None or o.dtype == d else o.to(d) for o, d in zip(mout, dtypes))
 
 
 _FILLS = ("aten::fill_", "aten::zero_")  # one value everywhere: PyTorch allows them on expanded tensors
@@ -398,6 +406,12 @@ def _promoted(args, tensors):
 def _scalar_dtype(pytype, tensors):
     if pytype is bool:
         return torch.bool
+    if pytype is complex:  # the tensors' complex dtype, or the one of their floating dtype
+        cx = [t.dtype for t in tensors if t.dtype.is_complex]
+        if cx:
+            return cx[0]
+        fl = [t.dtype for t in tensors if t.dtype.is_floating_point]
+        return torch.complex128 if (fl[0] if fl else torch.get_default_dtype()) == torch.float64 else torch.complex64
     fl = [t.dtype for t in tensors if t.dtype.is_floating_point]
     if pytype is float:
         if fl:

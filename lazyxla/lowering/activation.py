@@ -1,4 +1,4 @@
-"""Activations and their backward ops: gelu, silu, hardtanh, leaky_relu, elu, softplus,
+"""Activations and their backward ops: gelu, silu, hardtanh, leaky_relu, softshrink, hardshrink, elu, softplus,
 hardsigmoid, hardswish, prelu, glu, and the backward ops of relu (threshold), sigmoid and tanh.
 
 Smooth ones differentiate their forward (vjp); piecewise ones use PyTorch's formulas, which fix
@@ -69,6 +69,29 @@ def leaky_relu(sig, x, negative_slope=0.01):
 def leaky_relu_backward(sig, grad, x, negative_slope, self_is_result):
     grad, x = _f(grad), _f(x)
     return jnp.where(x > 0, grad, grad * _s(negative_slope, grad))
+
+
+def _inside(x, lambd):
+    return (x >= -_s(lambd, x)) & (x <= _s(lambd, x))
+
+
+@register("softshrink.default")
+def softshrink(sig, x, lambd=0.5):
+    x = _f(x)
+    return jnp.where(x > _s(lambd, x), x - _s(lambd, x), jnp.where(x < -_s(lambd, x), x + _s(lambd, x), 0))
+
+
+@register("hardshrink.default")
+def hardshrink(sig, x, lambd=0.5):
+    x = _f(x)
+    return jnp.where(_inside(x, lambd), 0, x)
+
+
+@register("softshrink_backward.default", "hardshrink_backward.default")
+def shrink_backward(sig, grad, x, lambd):
+    """Both shrinks pass the gradient outside [-lambd, lambd] and stop it inside, ends included."""
+    grad, x = _f(grad), _f(x)
+    return jnp.where(_inside(x, lambd), 0, grad)
 
 
 @register("elu.default")

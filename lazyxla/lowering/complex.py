@@ -32,4 +32,6 @@ def _view_as_real(sig, x):
 
 @register("view_as_complex.default", "view_as_complex_copy.default")
 def _view_as_complex(sig, x):
+    if x.dtype == jnp.float16:  # complex32 is held as complex64 (``xla.TORCH_TO_JNP``)
+        x = x.astype(jnp.float32)
     return lax.complex(x[..., 0], x[..., 1])

@@ -26,7 +26,7 @@ def _cd(sig, default=None):
 def _c(x, dt):
     if dt is None:
         return x
-    if isinstance(x, (int, float, bool)):
+    if isinstance(x, (int, float, bool, complex)):
         # through a 64-bit value, so -1 wraps into an unsigned dtype as in PyTorch
         return jnp.asarray(x).astype(dt)
     return x.astype(dt) if x.dtype != dt else x
@@ -363,7 +363,8 @@ def _zero(sig, x):
 
 
 @register("clone.default", "contiguous.default", "_to_copy.default", "copy.default",
-          "lift_fresh_copy.default", "positive.default")
+          "lift_fresh_copy.default", "positive.default",
+          torch.ops.prims.convert_element_type.default)  # reached through PyTorch's decompositions (renorm)
 def _identity(sig, x, *rest, **kw):
     if sig.op == "aten::copy" and rest:
         return rest[0]  # copy(self, src): src broadcast and cast to self's meta

@@ -17,7 +17,8 @@ def _meta(sig):
 
 
 @register("empty.memory_format", "empty_like.default", "zeros.default", "zeros_like.default",
-          "new_empty.default", "new_zeros.default", "empty_strided.default", "new_empty_strided.default")
+          "new_empty.default", "new_zeros.default", "empty_strided.default", "new_empty_strided.default",
+          "_efficientzerotensor.default")
 def _zeros(sig, *a, **k):
     shape, dt = _meta(sig)
     return jnp.zeros(shape, dt)

@@ -63,6 +63,17 @@ def _gather(sig, x, dim, index, sparse_grad=False):
 
 
 # -- scatter -------------------------------------------------------------------------------
+def _add_at(x, idx, v):
+    """``x`` with ``v`` added at ``idx``; for bool a logical or, as PyTorch's bool sum (XLA's
+    scatter-add refuses bool)."""
+    return x.at[idx].max(v) if x.dtype == jnp.bool_ else x.at[idx].add(v)
+
+
+def _mul_at(x, idx, v):
+    """``x`` with ``v`` multiplied in at ``idx``; for bool a logical and."""
+    return x.at[idx].min(v) if x.dtype == jnp.bool_ else x.at[idx].multiply(v)
+
+
 def _scatter_idx(x, dim, index):
     d = dim % max(x.ndim, 1)
     check_index(index, x.shape[d] if x.ndim else 1, _oob(d, x.shape[d] if x.ndim else 1))
@@ -85,13 +96,13 @@ def _scatter_reduce_legacy(sig, x, dim, index, src, reduce):
     if hasattr(src, "shape") and src.ndim:
         src = src[tuple(slice(0, n) for n in index.shape)]
     src = jnp.asarray(src, x.dtype)
-    return x.at[idx].add(src) if reduce == "add" else x.at[idx].multiply(src)
+    return _add_at(x, idx, src) if reduce == "add" else _mul_at(x, idx, src)
 
 
 @register("scatter_add.default", zero_d="all")
 def _scatter_add(sig, x, dim, index, src):
     idx = _scatter_idx(x, dim, index)
-    return x.at[idx].add(src[tuple(slice(0, n) for n in index.shape)].astype(x.dtype))
+    return _add_at(x, idx, src[tuple(slice(0, n) for n in index.shape)].astype(x.dtype))
 
 
 @register("index_put.default", "_unsafe_index_put.default")
@@ -101,7 +112,7 @@ def _index_put(sig, x, indices, values, accumulate=False):
     idx = tuple(slice(None) if i is None else i for i in indices)
     _check_indices(x, indices)
     v = jnp.asarray(values, x.dtype)
-    return x.at[idx].add(v) if accumulate else x.at[idx].set(v)
+    return _add_at(x, idx, v) if accumulate else x.at[idx].set(v)
 
 
 def _index_put_mask(x, indices, values, accumulate):
@@ -138,7 +149,7 @@ def _index_add(sig, x, dim, index, source, alpha=1):
     check_index(index, x.shape[d], _oob(d, x.shape[d]))
     idx = [slice(None)] * x.ndim
     idx[d] = index
-    return x.at[tuple(idx)].add((source * alpha).astype(x.dtype))
+    return _add_at(x, tuple(idx), (source * alpha).astype(x.dtype))
 
 
 @register("index_fill.int_Scalar", "index_fill.int_Tensor", zero_d="index")
@@ -209,11 +220,11 @@ def scatter_reduce(sig, x, dim, index, src, reduce, include_self=True):
     idx = _scatter_idx(x, dim, index)
     src = src[tuple(slice(0, n) for n in index.shape)].astype(x.dtype)
     if reduce == "sum":
-        base = x if include_self else x.at[idx].set(0)
-        return base.at[idx].add(src)
+        base = x if include_self else x.at[idx].set(jnp.zeros((), x.dtype))
+        return _add_at(base, idx, src)
     if reduce == "prod":
-        base = x if include_self else x.at[idx].set(1)
-        return base.at[idx].multiply(src)
+        base = x if include_self else x.at[idx].set(jnp.ones((), x.dtype))
+        return _mul_at(base, idx, src)
     if reduce == "amax":
         base = x if include_self else x.at[idx].set(_extreme(x.dtype, False))
         return base.at[idx].max(src)
@@ -221,7 +232,7 @@ def scatter_reduce(sig, x, dim, index, src, reduce, include_self=True):
         base = x if include_self else x.at[idx].set(_extreme(x.dtype, True))
         return base.at[idx].min(src)
     if reduce == "mean":
-        base = x if include_self else x.at[idx].set(0)
+        base = x if include_self else x.at[idx].set(jnp.zeros((), x.dtype))
         total = base.at[idx].add(src)
         count = (jnp.ones(x.shape, jnp.int64) if include_self else jnp.zeros(x.shape, jnp.int64)
                  ).at[idx].add(1)
@@ -291,7 +302,7 @@ def put(sig, x, index, source, accumulate=False):
     idx = _flat_index(index, n)
     src = source.reshape(-1).astype(x.dtype)
     if accumulate:
-        return flat.at[idx].add(src).reshape(x.shape)
+        return _add_at(flat, idx, src).reshape(x.shape)
     last = jnp.full((n,), -1, jnp.int64).at[idx].max(jnp.arange(idx.shape[0], dtype=jnp.int64))
     return jnp.where(last >= 0, src[jnp.maximum(last, 0)], flat).reshape(x.shape)
 

@@ -1,15 +1,33 @@
 """Layer norm (``native_layer_norm``) and its backward, with PyTorch's mean and rstd
-outputs. Touches only the registry.
+outputs in the CPU kernel's dtype (``stats_dtype``, shared with the batch and group norms).
+Touches only the registry.
 """
 from __future__ import annotations
 
 import math
 
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from .nn_helpers import _f, _masked, _s
-from .registry import register
+from .registry import output_dtypes, register
+
+
+def stats_dtype(x, *params):
+    """The dtype of a norm's saved statistics on PyTorch's CPU: float32 for a half-precision
+    input with a float32 parameter (weight, bias, running statistics), else the input's own
+    (its meta kernel says float32 for every half-precision input)."""
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    if half and any(p is not None and p.dtype == torch.float32 for p in params):
+        return torch.float32
+    return x.dtype
+
+
+@output_dtypes("native_layer_norm.default")
+def _layer_norm_dtypes(x, normalized_shape, weight, bias, eps):
+    d = stats_dtype(x, weight, bias)
+    return (None, d, d)
 
 
 def _inner_axes(x, normalized_shape):

@@ -888,4 +888,6 @@ def lstsq(sig, A, B, rcond=None, *, driver=None):
 # ---------------------------------------------------------------------------------------
 @register("linalg_matrix_exp.default")
 def matrix_exp(sig, A):
+    if A.dtype in (jnp.float16, jnp.bfloat16):  # JAX's expm refuses them: float32, rounded at the end
+        return jsl.expm(A.astype(jnp.float32)).astype(A.dtype)
     return jsl.expm(A)

@@ -118,7 +118,9 @@ def _native_dropout(sig, x, p, train, __seed__=None):
 
 @register("native_dropout_backward.default")
 def _native_dropout_backward(sig, grad, mask, scale):
-    return grad * mask.astype(grad.dtype) * jnp.asarray(scale, grad.dtype)
+    # a floating grad keeps its dtype (the scale is a weak-typed Python number); a bool or
+    # integer one is promoted by the scale, as PyTorch promotes it
+    return grad * mask.astype(grad.dtype) * scale
 
 
 @register("multinomial.default", random=True)

@@ -264,13 +264,22 @@ def _log_add_exp_complex(cum, x):
     return jnp.where(nan_in, nan, jnp.where(inf_eq, both_inf, general))
 
 
+def _wide() -> bool:
+    """float64 is native on this backend (CPU, GPU; not TPU)."""
+    return jax.default_backend() in ("cpu", "gpu", "cuda", "rocm")
+
+
 @register("logcumsumexp.default", zero_d="input")
 def _logcumsumexp(sig, x, dim):
     """PyTorch folds from -inf: the first element is log_add_exp(x0, -inf) (which moves
     only a complex -inf's imaginary part), then an associative scan; complex values are
-    folded in order, as PyTorch does (with infinities the complex rule is not associative)."""
+    folded in order, as PyTorch does (with infinities the complex rule is not associative).
+    float32 is scanned in float64 where that is native: an associative scan rounds in another
+    order than PyTorch's sequential one, and its gradient formula amplifies the difference."""
     d = dim % max(x.ndim, 1)
     xa = _acc(x, None)
+    if xa.dtype == jnp.float32 and _wide():  # float64 inside: the backward's formula (log of
+        xa = xa.astype(jnp.float64)           # reversed scans) is no farther from exact than eager's
     if jnp.issubdtype(xa.dtype, jnp.complexfloating):
         moved = jnp.moveaxis(xa, d, 0)
         init = jnp.full(moved.shape[1:], -jnp.inf, xa.dtype)
@@ -292,8 +301,9 @@ def _sort(sig, x, *a, dim=-1, descending=False, stable=None):
         dim = a[0]
         descending = a[1] if len(a) > 1 else descending
     d = dim % max(x.ndim, 1)
-    key = -x if descending and not jnp.issubdtype(x.dtype, jnp.bool_) else x
-    idx = jnp.argsort(key, axis=d, stable=True)
+    # JAX's descending sort keeps equal elements in order and puts NaN first, as PyTorch's does;
+    # negating the key would not (bool, unsigned wrap-around, the smallest signed integer, NaN)
+    idx = jnp.argsort(x, axis=d, stable=True, descending=bool(descending))
     return jnp.take_along_axis(x, idx, axis=d), idx
 
 
@@ -301,7 +311,10 @@ def _sort(sig, x, *a, dim=-1, descending=False, stable=None):
 def _topk(sig, x, k, dim=-1, largest=True, sorted=True):
     d = dim % max(x.ndim, 1)
     xm = jnp.moveaxis(x, d, -1)
-    v, i = jax.lax.top_k(xm if largest else -xm, k)
-    if not largest:
-        v = -v
+    if largest:
+        v, i = jax.lax.top_k(xm, k)
+    else:  # the smallest: the largest of an order-reversing key (~ for integers: no wrap-around)
+        key = -xm if jnp.issubdtype(xm.dtype, jnp.inexact) else ~xm
+        i = jax.lax.top_k(key, k)[1]
+        v = jnp.take_along_axis(xm, i, axis=-1)
     return jnp.moveaxis(v, -1, d), jnp.moveaxis(i, -1, d)

@@ -4,7 +4,8 @@
 ``LOWERINGS`` (op -> lowering), ``RANDOM`` (ops that receive the step's seed),
 ``STATIC_ARGS`` (scalar arguments hashed into the node) and ``ZERO_D_AS_VECTOR`` (ops run on
 0-d operands as 1-element vectors); ``shape_rule`` fills ``SHAPE_RULES`` (output shapes of
-ops PyTorch has no meta kernel for). ``DECOMPOSITIONS`` holds PyTorch's decomposition table,
+ops PyTorch has no meta kernel for); ``output_dtypes`` fills ``OUTPUT_DTYPES`` (the CPU kernel's
+output dtypes where its meta kernel says others). ``DECOMPOSITIONS`` holds PyTorch's decomposition table,
 loaded when this module is imported (``amp`` adds the gradient scaler's two ops to it).
 ``functional_of`` finds the functional overload behind an in-place or out= op.
 
@@ -36,6 +37,11 @@ ZERO_D_AS_VECTOR: dict = {}
 # CPU computes the op), and PyTorch's error for a call PyTorch refuses. PyTorch's own meta
 # kernel, where there is one, comes first.
 SHAPE_RULES: dict = {}
+# Output dtypes where PyTorch's CPU kernel and its meta kernel disagree (the CPU keeps a norm's
+# saved statistics in a half-precision input's dtype, the meta kernel says float32):
+# ``rule(*args, **kwargs)``, called with the op's arguments, returns a dtype per output (None:
+# the meta kernel's). The node's outputs take them; the program casts its results to them.
+OUTPUT_DTYPES: dict = {}
 
 
 def _resolve(op):
@@ -74,6 +80,16 @@ def shape_rule(*ops):
         for op in ops:
             for o in _resolve(op):
                 SHAPE_RULES[o] = fn
+        return fn
+    return deco
+
+
+def output_dtypes(*ops):
+    """Decorator: ``@output_dtypes("native_layer_norm.default")`` on ``rule(*args, **kwargs)``."""
+    def deco(fn):
+        for op in ops:
+            for o in _resolve(op):
+                OUTPUT_DTYPES[o] = fn
         return fn
     return deco
 
