@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import gc
 import itertools
 import json
@@ -274,10 +275,15 @@ def _cotangent(t, i):
     return v.to(t.dtype).reshape(t.shape).to(t.device)
 
 
-def _gradients(opinfo, inp):
+def _gradients(opinfo, inp, process=None):
     """The gradient of every input that requires one (None where unused), for fixed cotangents of
-    the op's floating outputs: what ``backward()`` gives a user."""
-    outs = [t for t in tree_flatten(_call(opinfo, inp))[0]
+    the op's floating outputs: what ``backward()`` gives a user. ``process``: the sample's
+    ``output_process_fn_grad`` (PyTorch's own: it makes outputs that are unique only up to a sign
+    or phase, such as eigenvectors, comparable)."""
+    out = _call(opinfo, inp)
+    if process is not None:
+        out = process(out)
+    outs = [t for t in tree_flatten(out)[0]
             if isinstance(t, torch.Tensor) and t.requires_grad and (t.is_floating_point() or t.is_complex())]
     leaves = [t for t in tree_flatten(inp)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
     if not outs or not leaves:
@@ -379,7 +385,7 @@ def check_sample(opinfo, sample, dev, grad=False):
     """``(moved, problem)`` for one sample (``problem`` None if it matches); raises
     _Rejected if eager rejects the sample, _Random if eager reaches a seeded-random op. With
     ``grad``, the inputs' gradients are compared (``_gradients``), not the outputs."""
-    call = _gradients if grad else _call
+    call = functools.partial(_gradients, process=sample.output_process_fn_grad) if grad else _call
     inp = (sample.input, tuple(sample.args), dict(sample.kwargs))
     keep = CPU_ARGS.get(opinfo.name, ())
     lazy_args = tuple(_OnCpu(a) if i in keep and isinstance(a, torch.Tensor) else a
@@ -428,9 +434,10 @@ def check_sample(opinfo, sample, dev, grad=False):
     return moved, None
 
 
-# Ops whose index output PyTorch leaves unspecified among equal values (an unstable sort's order
-# of equivalent elements; which of tied elements topk picks): a lazy index output that selects
-# the same values from the input as eager's counts as eager's. Each rule takes (inputs, lazy
+# Outputs PyTorch leaves open: an index among equal values (an unstable sort's order of
+# equivalent elements; which of tied elements topk picks), an eigenvector's sign or phase. A
+# lazy output that is an equally valid answer (selects the same values from the input; solves
+# the eigenproblem) counts as eager's. Each rule takes (inputs, lazy
 # outputs, eager outputs) and returns the lazy outputs, with eager's indices where the lazy ones
 # are an equally valid answer.
 def _same(a, b) -> bool:
@@ -481,7 +488,40 @@ def _ties_topk(inp, got, want):
     return got
 
 
-TIES = {"sort": _ties_sort, "argsort": _ties_argsort, "topk": _ties_topk}
+def _eigenvectors(a, got, want):
+    """Eigenvectors are unique only up to a sign (eigh) or a complex phase (eig), which LAPACK
+    builds differ in: lazy ones that are unit columns solving ``a v = lambda v`` (with eager's
+    eigenvalues) count as eager's."""
+    if not (isinstance(got, tuple) and len(got) == 2 and got[1].shape == want[1].shape) or not got[1].numel():
+        return got
+    wide = torch.complex128 if (got[1].is_complex() or want[1].is_complex() or a.is_complex()) else torch.float64
+    a, lam, v = a.to(wide), want[0].to(wide), got[1].to(wide)
+    real = got[1].real if got[1].is_complex() else got[1]
+    eps = torch.finfo(real.dtype).eps
+    scale = a.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(1.0) * a.shape[-1]
+    residual = (a @ v - v * lam.unsqueeze(-2)).abs().amax(dim=(-2, -1), keepdim=True)
+    unit = bool(((v.abs().square().sum(-2).sqrt() - 1).abs() <= 100 * eps).all())
+    if unit and bool((residual <= 100 * eps * scale).all()):
+        return (got[0], want[1])
+    return got
+
+
+def _ties_eig(inp, got, want):
+    return _eigenvectors(inp[0], got, want)
+
+
+def _ties_eigh(inp, got, want):
+    a = inp[0]
+    upper = (inp[1][0] if inp[1] else inp[2].get("UPLO", "L")) == "U"
+    tri = a.triu() + a.triu(1).mH if upper else a.tril() + a.tril(-1).mH   # eigh reads one triangle
+    if tri.is_complex():  # and the real part of the diagonal
+        d = tri.diagonal(dim1=-2, dim2=-1)
+        tri = tri - torch.diag_embed(d - d.real)
+    return _eigenvectors(tri, got, want)
+
+
+TIES = {"sort": _ties_sort, "argsort": _ties_argsort, "topk": _ties_topk,
+        "linalg.eig": _ties_eig, "linalg.eigh": _ties_eigh}
 
 
 def _reference(opinfo, inp, call):

@@ -50,21 +50,29 @@ def _scaled(x, s):
     return x * (s.astype(x.dtype) if hasattr(s, "astype") else s)
 
 
+def _opmath(x):
+    """PyTorch's CPU kernels add a half-precision product to its bias in float32 and round
+    once: the product is kept in float32 (rounding it first can lose all of a cancelling sum)."""
+    return jnp.float32 if x.dtype in (jnp.float16, jnp.bfloat16) else None
+
+
 @register("addmm.default", "baddbmm.default", "addmv.default")
 def _add_product(sig, bias, a, b, beta=1, alpha=1):
     """beta * bias + alpha * (a @ b); with beta == 0 the bias is ignored (NaNs too), as in PyTorch."""
     bias, a, b = _mmdt(sig, bias, a, b)
-    prod = _scaled(jnp.matmul(a, b, precision=HI), alpha)
+    acc = _opmath(a)
+    prod = _scaled(jnp.matmul(a, b, precision=HI, preferred_element_type=acc), alpha)
     if isinstance(beta, (int, float)) and beta == 0:
         return prod
-    return _scaled(bias, beta) + prod
+    return _scaled(bias if acc is None else bias.astype(acc), beta) + prod
 
 
 @register("addbmm.default")
 def _addbmm(sig, bias, a, b, beta=1, alpha=1):
     """beta * bias + alpha * (the sum over the batch of a[i] @ b[i]); beta == 0 ignores the bias."""
     bias, a, b = _mmdt(sig, bias, a, b)
-    prod = _scaled(jnp.einsum("bij,bjk->ik", a, b, precision=HI), alpha)
+    acc = _opmath(a)
+    prod = _scaled(jnp.einsum("bij,bjk->ik", a, b, precision=HI, preferred_element_type=acc), alpha)
     if isinstance(beta, (int, float)) and beta == 0:
         return prod
-    return _scaled(bias, beta) + prod
+    return _scaled(bias if acc is None else bias.astype(acc), beta) + prod
