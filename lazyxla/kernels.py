@@ -11,7 +11,8 @@
 - for the AutogradPrivateUse1 key, PyTorch's decompositions of the recurrent layers (its
   composite RNNs pick fused cells that exist only for CUDA on a non-CPU device).
 
-May touch: PyTorch's dispatcher registrations and ``torch.nn.Module._apply`` (once).
+May touch: PyTorch's dispatcher registrations and ``torch.nn.Module._apply`` (once; and, through
+``param_moves.install``, ``Optimizer.add_param_group``).
 """
 from __future__ import annotations
 
@@ -103,6 +104,7 @@ def register() -> None:
     if _LIBRARIES:
         return
     torch.nn.Module._apply = _apply_keeping_ties
+    param_moves.install()
     lib = torch.library.Library("aten", "IMPL")
     lib.impl("_to_copy", _upload_to_copy, "PrivateUse1")
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")

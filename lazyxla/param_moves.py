@@ -6,7 +6,10 @@ An optimizer made before the move still holds the old CPU tensors; they never ge
 so its ``step()`` would do nothing and the loop would learn nothing, silently. Here:
 
 - ``record(module, before)`` (from ``kernels``' ``Module._apply`` wrapper) remembers, per old
-  Parameter still alive, the new one that took its place and its name in the module;
+  Parameter still alive, the new one that took its place and its name in the module, and at
+  once makes every live optimizer that holds one follow (``install`` keeps a weak set of the
+  optimizers, from ``Optimizer.add_param_group``), so a clip over the optimizer's parameters
+  before its first step already sees the new ones;
 - while any old Parameter is remembered, a global optimizer step pre-hook ``follow``\\ s: every
   old Parameter an optimizer holds is replaced, in its param groups and its state, by the
   Parameter that took its place (through a chain of moves: ``.to(dev)`` then ``.cpu()``), as
@@ -17,7 +20,8 @@ so its ``step()`` would do nothing and the loop would learn nothing, silently. H
 
 The hook is registered only while an old Parameter lives: a script that makes its optimizer
 after the move pays nothing per step.
-May touch: the optimizers' ``param_groups`` and ``state`` entries of moved parameters.
+May touch: the optimizers' ``param_groups`` and ``state`` entries of moved parameters, and
+``torch.optim.Optimizer.add_param_group`` (wrapped once, by ``install``).
 """
 from __future__ import annotations
 
@@ -31,6 +35,19 @@ from .errors import LazyXlaError
 
 # id(old parameter) -> (weakref to it, weakref to the parameter that replaced it, its name)
 MOVED: dict = {}
+OPTIMIZERS: "weakref.WeakSet" = weakref.WeakSet()  # every optimizer made since install()
+_add_param_group = torch.optim.Optimizer.add_param_group
+
+
+def _adding(self, param_group):
+    OPTIMIZERS.add(self)
+    return _add_param_group(self, param_group)
+
+
+def install() -> None:
+    """Know the optimizers (once per process): ``Optimizer.add_param_group`` notes its optimizer."""
+    if torch.optim.Optimizer.add_param_group is not _adding:
+        torch.optim.Optimizer.add_param_group = _adding
 _hook = [None]  # the global optimizer step pre-hook's handle while MOVED holds anything
 
 
@@ -71,6 +88,11 @@ def record(before: dict) -> None:
         MOVED[key] = (ref, weakref.ref(new), qual)
     if MOVED and _hook[0] is None:
         _hook[0] = register_optimizer_step_pre_hook(_pre_step)
+    for opt in list(OPTIMIZERS):
+        try:
+            follow(opt)
+        except LazyXlaError:  # said again, and raised, at its step
+            pass
 
 
 def _pre_step(optimizer, args, kwargs):

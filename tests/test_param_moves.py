@@ -2,8 +2,8 @@
 
 ``model.to(lazyxla.device())`` puts new Parameters in the model (as torch_xla's device does); an
 optimizer holding the old CPU ones would update tensors nobody uses and the loop would learn
-nothing. The optimizer follows the moved parameters at its first ``step()`` (groups and state), or
-that step raises naming them. The accelerate forms users write run in new processes against eager.
+nothing. The optimizer follows the moved parameters as they move (groups and state), or at its
+first ``step()`` when it was made later from the old ones; or that step raises naming them. The accelerate forms users write run in new processes against eager.
 """
 import json
 import os
@@ -51,14 +51,27 @@ def test_an_optimizer_made_before_the_move_trains_like_eager(make):
     want = train(ref, mk(ref.parameters()), "cpu", batches())
     model = net()
     opt = mk(model.parameters())     # before the move: holds the CPU parameters
-    model.to(DEV)
     before = cnt("MovedParameterFollowed")
+    model.to(DEV)
     got = train(model, opt, DEV, batches())
     assert got == pytest.approx(want, rel=1e-5)
     assert all(a is b for a, b in zip(opt.param_groups[0]["params"], model.parameters()))
     assert cnt("MovedParameterFollowed") - before == 4
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_optimizer_holds_the_new_parameters_right_after_the_move():
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.to(DEV)
+    held = opt.param_groups[0]["params"]
+    assert all(a is b for a, b in zip(held, model.parameters())) and held[0].device == DEV
+    x, y = batches(1)[0]
+    F.cross_entropy(model(x.to(DEV)), y.to(DEV)).backward()
+    # a clip over the optimizer's own parameters, before its first step, sees the gradients
+    norm = torch.nn.utils.clip_grad_norm_(held, 1e-3)
+    assert norm.item() > 1e-3
 
 
 def test_state_from_a_cpu_step_moves_with_the_parameters():
@@ -88,10 +101,11 @@ def test_a_move_back_to_the_cpu_is_followed_too():
 
 def test_parameters_whose_replacements_are_gone_make_the_step_raise_naming_them():
     model = net()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cpu_params = list(model.parameters())
     model.to(DEV)
-    model[0] = nn.Linear(6, 8)      # the moved first layer dropped: its new parameters are gone
+    model[0] = nn.Linear(6, 8)      # the moved layers dropped: the new parameters are gone
     model[2] = nn.Linear(8, 3)
+    opt = torch.optim.SGD(cpu_params, lr=0.1)   # an optimizer of what the model held before
     with pytest.raises(lazyxla.LazyXlaError) as e:
         opt.step()
     msg = str(e.value)
