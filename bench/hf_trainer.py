@@ -27,6 +27,12 @@ def one(lazy: bool, steps: int, batch: int) -> dict:
     cmd = [sys.executable] + (["-m", "lazyxla", "run"] if lazy else []) + [SCRIPT]
     env = dict(os.environ, STEPS=str(steps), BATCH=str(batch), TOKENIZERS_PARALLELISM="false",
                EXTRA_ARGS=json.dumps({"eval_strategy": "no", "save_strategy": "no", "logging_steps": steps}))
+    return run_script(cmd, env)
+
+
+def run_script(cmd, env) -> dict:
+    """Run ``cmd OUT`` (OUT a new folder) with ``env``: the JSON of its last ``RESULT`` line, with
+    the process's wall time as ``wall``."""
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
         p = subprocess.run(cmd + [out], capture_output=True, text=True, env=env)

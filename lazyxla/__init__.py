@@ -30,6 +30,7 @@ from .compiled_step import compile, step  # noqa: A004 - torch_xla's names; torc
 from .replay import Graph, graph, make_graphed_callables
 from .config import __version__, env_flag as _env_flag
 from .device import device
+from . import dynamic as _dynamic
 from .execution import ExecutionError
 from .errors import LazyXlaError
 from .tensor import LazyTensor
@@ -50,7 +51,17 @@ if _env_flag("LAZYXLA_GC_FREEZE", True):
 __all__ = ["device", "sync", "mark_step", "wait_device_ops", "manual_seed", "dump_hlo", "graph_hash",
            "set_buffer_donation", "get_buffer_donation", "LazyTensor", "LazyXlaError", "ExecutionError",
            "debug", "__version__", "add_step_closure", "compile", "step", "data", "experimental",
-           "progress", "Graph", "graph", "make_graphed_callables"]
+           "progress", "Graph", "graph", "make_graphed_callables", "mark_dynamic"]
+
+
+def mark_dynamic(t, dim: int, max: int = None) -> None:  # noqa: A002 - torch's name
+    """Dimension ``dim`` of ``t`` (a lazyxla tensor) is dynamic with bound ``max`` (default: its
+    size's bucket): a graph that uses it runs one padded program for every size up to ``max``
+    from its second size on; a size above ``max`` is an error (torch._dynamo's ``mark_dynamic``)."""
+    st = getattr(t, "_state", None)
+    if st is None:
+        raise TypeError(f"lazyxla.mark_dynamic: expected a lazyxla tensor, got one on {t.device}")
+    _dynamic.mark(st.storage, tuple(t.shape), dim, max)
 
 
 def sync(wait: bool = False) -> None:

@@ -11,6 +11,9 @@ A subscriber is any object with some of these methods (each optional):
 - ``after_capture(region, why, key_hex, where, n_ops)``: a torch.compile region was traced and
   captured (``capture``): ``why`` says what made this trace happen (Dynamo's guard failures
   for a Dynamo recompile, new input shapes, or its first call).
+- ``dynamic(kind, *info)``: a dimension became dynamic (``"dimension"``, its label, size,
+  bound), a bound grew (``"bound"``, label, size, new bound, old bound), or a structure fell
+  back to exact shapes (``"fallback"``, a ``dynamic.Refusal``).
 - ``after_graph_capture(step, why, key_hex, where)``: ``lazyxla.compile(step, replay=True)``
   captured its step (``replay``): ``why`` is "first capture", or what made it capture again.
 
@@ -27,12 +30,13 @@ AFTER_RUN: list = []
 AFTER_STEP: list = []
 AFTER_CAPTURE: list = []
 AFTER_GRAPH_CAPTURE: list = []
+DYNAMIC: list = []
 
 
 def _lists():
     return (("before_compile", BEFORE_COMPILE), ("after_lookup", AFTER_LOOKUP), ("after_run", AFTER_RUN),
             ("after_step", AFTER_STEP), ("after_capture", AFTER_CAPTURE),
-            ("after_graph_capture", AFTER_GRAPH_CAPTURE))
+            ("after_graph_capture", AFTER_GRAPH_CAPTURE), ("dynamic", DYNAMIC))
 
 
 def subscribe(subscriber) -> None:

@@ -22,16 +22,17 @@ from __future__ import annotations
 
 import sys
 
-from . import events, metrics, persistent_cache, rng
+from . import dynamic, events, host_reads, metrics, persistent_cache, rng
 from .cache import CachedProgram, computation_cache
 from .compiler import compile_graph, hlo_text, specs
 from .config import env_flag
-from .execution import raise_failed_checks, resolve, run, wait_device_ops  # noqa: F401  (wait_device_ops: API)
+from .execution import ExecutionError, raise_failed_checks, resolve, run, wait_device_ops  # noqa: F401  (wait_device_ops: API)
 from .collect import Graph
 from .graph_hash import FoldTrace, KeyRequest, compute
-from .storage import Storage, pending, reads_on_host, view_on_host
+from .storage import Storage, next_step, pending, reads_on_host, view_on_host
 from .errors import LazyXlaError
-from .xla import auto_sharding, download, process_mesh
+from .dynamic import PaddedCall
+from .xla import auto_sharding, download, process_mesh, spmd
 
 # R9.2: XLA_ENABLE_PARAM_ALIASING=0 turns buffer donation off (read once).
 PARAM_ALIASING = env_flag("XLA_ENABLE_PARAM_ALIASING", True)
@@ -69,8 +70,11 @@ def _key(force_ltc_data, roots, graph, donors=()):
 _TRACES: dict = {}
 
 
-def lookup(graph: Graph, req: KeyRequest, cause, donors=(), name="SyncTensorsGraph") -> CachedProgram:
-    """Find the program for the key of ``req``, or compile and cache it; tell the subscribers."""
+def lookup(graph: Graph, req: KeyRequest, cause, donors=(), name="SyncTensorsGraph", pad=True,
+           padded_for=None) -> CachedProgram:
+    """Find the program for the key of ``req``, or compile and cache it; tell the subscribers.
+    ``pad``: on a miss, a graph whose input sizes vary may run its padded twin's program.
+    ``padded_for``: this is that twin, for (the exact graph's trace, the ``dynamic.Plan``)."""
     cache = computation_cache()
     ingredients = req.ingredients()
     known = _TRACES.get(ingredients)
@@ -94,8 +98,14 @@ def lookup(graph: Graph, req: KeyRequest, cause, donors=(), name="SyncTensorsGra
             trace.keep_structure_only()
             prog = _load_persistent(graph, trace, donors)
             if prog is not None:  # torch_xla: a persistent hit fills memory and counts CachedCompile
+                if pad and dynamic.enabled():
+                    dynamic.observe(graph)
                 metrics.counter_inc("CachedCompile")
                 metrics.metric_add("TensorsGraphSize", prog.graph_size)
+            elif pad and (padded := _padded(graph, req, trace, cause, donors, name)) is not None:
+                prog = CachedProgram(PaddedCall(padded[1].executable, padded[0]), key, trace, len(graph.params),
+                                     len(graph.roots), graph.n_ops, 0, tuple(donors), checks=padded[1].checks,
+                                     extra={"dynamic": padded[0].summary, "padded": padded[1]})
             else:
                 if auto_sharding():
                     raise LazyXlaError(
@@ -110,6 +120,8 @@ def lookup(graph: Graph, req: KeyRequest, cause, donors=(), name="SyncTensorsGra
                                                        wrap_allowed=not auto_sharding())
                 prog = CachedProgram(executable, key, trace, len(graph.params), len(graph.roots), graph.n_ops, ns,
                                      tuple(donors), checks=checks)
+                if padded_for is not None:
+                    prog.extra.update(padded_for=padded_for[0], dynamic=padded_for[1].summary)
                 _store_persistent(prog, name)
                 compiled = True
             cache.add(key, prog)
@@ -119,6 +131,25 @@ def lookup(graph: Graph, req: KeyRequest, cause, donors=(), name="SyncTensorsGra
     for hook in events.AFTER_LOOKUP:
         hook(cause, trace, prog, graph, compiled)
     return prog
+
+
+def _padded(graph, req, trace, cause, donors, name):
+    """A graph whose input sizes vary from one of its structure seen before runs the program of
+    its padded twin (``dynamic``): (plan, that program, found or compiled), or None."""
+    if not dynamic.enabled() or spmd() or process_mesh() is not None:
+        return None
+    plan = dynamic.plan(graph, Graph)
+    if plan is None:
+        return None
+    pg = plan.graph
+    roots = [(uid, v) for (uid, _), v in zip(req.roots, pg.roots)]
+    pdonors = plan.request_donors(graph, donors)
+    preq = KeyRequest(req.force_ltc_data, roots, pg.sequence, pdonors, req.auto_sharding)
+    try:
+        return plan, lookup(pg, preq, cause, pdonors, name, pad=False, padded_for=(trace, plan))
+    except ExecutionError as e:  # a rule's lowering failed: this structure stays exact-shape, said once
+        dynamic.refuse(plan, f"its padded program did not compile ({e})")
+        return None
 
 
 def _load_persistent(graph, trace, donors):
@@ -177,6 +208,7 @@ def end_step():
     """The end of a step, after its program was dispatched: the seed moves on (R8), ``MarkStep``
     is counted and the step's subscribers run (step closures)."""
     rng.mark_step()
+    next_step()
     metrics.counter_inc("MarkStep")
     for hook in events.AFTER_STEP:
         hook()
@@ -215,15 +247,28 @@ def read_values(states) -> list:
     values = [s.value() for s in computed]
     arrays = {s.uid: v[0].data for s, v in zip(computed, values) if v[0].data is not None}
     roots = _pending_roots(computed, values)
+    answered = {}
     if roots:
         if _read_guard is not None:  # lazyxla.compile(full_graph=True): raises at the user's line
             _read_guard()
         graph = Graph([r for _, r in roots])
-        prog = lookup(graph, _request(False, roots, graph), "read")
-        arrays.update(zip((uid for uid, _ in roots), _run(prog, graph)))
-    hosts = download([resolve(s.storage.data if h else arrays[s.uid]) for s, h in zip(states, on_host)],
-                     [(s.storage.meta if h else s.meta).dtype for s, h in zip(states, on_host)])
-    return [view_on_host(x, s.chain).clone() if h else x for x, s, h in zip(hosts, states, on_host)]
+        got = host_reads.answer(graph)  # over data the host just sent: no program, no wait
+        if got is not None:
+            answered = dict(zip((uid for uid, _ in roots), got))
+        else:
+            prog = lookup(graph, _request(False, roots, graph), "read")
+            arrays.update(zip((uid for uid, _ in roots), _run(prog, graph)))
+    fetch = [(s, h) for s, h in zip(states, on_host) if s.uid not in answered]
+    hosts = iter(download([resolve(s.storage.data if h else arrays[s.uid]) for s, h in fetch],
+                          [(s.storage.meta if h else s.meta).dtype for s, h in fetch]))
+    out = []
+    for s, h in zip(states, on_host):
+        x = answered.get(s.uid)
+        if x is None:
+            x = next(hosts)
+            x = view_on_host(x, s.chain).clone() if h else x
+        out.append(x)
+    return out
 
 
 def graph_key(states):

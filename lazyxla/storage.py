@@ -61,7 +61,7 @@ class Storage:
     """The value shared by a tensor and all its aliases. ``sharding`` (SPMD): the layout the
     user annotated (``mark_sharding``), kept through in-place updates."""
 
-    __slots__ = ("ir", "data", "version", "meta", "donate", "sharding", "untyped", "__weakref__")
+    __slots__ = ("ir", "data", "version", "meta", "donate", "sharding", "untyped", "uploaded", "__weakref__")
 
     def __init__(self, ir, meta, data=None):
         global PENDING_BORN
@@ -72,6 +72,7 @@ class Storage:
         self.donate = False
         self.sharding = None
         self.untyped = None  # the meta storage a tensor's untyped_storage() shows, made when asked
+        self.uploaded = -1   # the step (``STEP``) in which the host sent this storage's buffer
         if ir is not None:
             PENDING_BORN += 1
 
@@ -88,6 +89,7 @@ class Storage:
         self.ir = value
         self.data = None
         self.version += 1
+        self.uploaded = -1
         if value[0].data is None:  # a copy of device data (copy_) records no op
             PENDING_BORN += 1
 
@@ -99,6 +101,7 @@ class Storage:
         self.data = array
         self.version += 1
         self.donate = False  # a user's donation mark belongs to the old buffer
+        self.uploaded = -1
 
     @staticmethod
     def set_all(storages, arrays):
@@ -118,6 +121,7 @@ class Storage:
             st.data = a
             st.version += 1
             st.donate = False
+            st.uploaded = -1
 
     def take_output(self, array, sig, owner):
         """``set_data`` for a replay's output, whose leaf signature (``ir.data_sig`` of this
@@ -132,6 +136,7 @@ class Storage:
         self.data = array
         self.version += 1
         self.donate = False
+        self.uploaded = -1
 
     def set_sharding(self, sharding):
         """Annotate the storage's layout (``mark_sharding``; None: ``clear_sharding``)."""
@@ -330,6 +335,7 @@ def fresh(value, meta: TensorMeta) -> TensorState:
     global PENDING_BORN
     st = _new(Storage)
     st.ir, st.data, st.meta, st.version, st.donate, st.sharding, st.untyped = value, None, meta, 0, False, None, None
+    st.uploaded = -1
     if value is not None:
         PENDING_BORN += 1
     s = _new(TensorState)
@@ -461,6 +467,25 @@ def set_donation(state: TensorState, donate: bool) -> bool:
 
 # ---------------------------------------------------------------------------------------
 # Device data.
+STEP = 0  # moves on at the end of every step (``next_step``): an upload is "of this step" until then
+
+
+def next_step() -> None:
+    global STEP
+    STEP += 1
+
+
+def from_host(st: Storage, leaf) -> bool:
+    """Whether ``leaf`` is ``st``'s buffer as the host sent it (an upload no program has written
+    since): a step's data rather than a program's output."""
+    return st.uploaded >= 0 and st.ir[0] is leaf
+
+
+def uploaded_this_step(st: Storage, leaf) -> bool:
+    """Whether ``leaf`` is ``st``'s buffer as the host sent it during this step (no op wrote it since)."""
+    return st.uploaded == STEP and st.ir[0] is leaf
+
+
 upload_hook = None  # while a step is captured: called as upload_hook(host, state) after each upload
 
 
@@ -474,6 +499,7 @@ def upload(host) -> TensorState:
     src, host = host, host.detach()
     meta = TensorMeta(host.shape, host.dtype)
     state = device_data(_upload_array(host), meta)
+    state.storage.uploaded = STEP
     if upload_hook is not None:
         upload_hook(src, state)
     return state

@@ -177,6 +177,17 @@ def copy_array(a):
     return jnp.array(a, copy=True)
 
 
+def pad_zeros(array, pad):
+    """``array`` with ``pad[d]`` zeros after its end along each dimension ``d`` (a padded
+    program's input)."""
+    return jax.lax.pad(array, jnp.zeros((), array.dtype), [(0, p, 0) for p in pad])
+
+
+def leading(array, shape):
+    """The leading block of ``shape`` of ``array`` (a padded program's output, cut back)."""
+    return jax.lax.slice(array, (0,) * len(shape), tuple(shape))
+
+
 def scalar_array(value, dtype: torch.dtype):
     """A 0-dim device array holding a Python scalar."""
     with metrics.timed("TransferToDeviceTime"):

@@ -21,6 +21,17 @@ def nothing_pending():
     yield
 
 
+@pytest.fixture
+def exact_shapes():
+    """torch_xla's behaviour: one program per shape (``LAZYXLA_DYNAMIC_BUCKETS=off``), for tests
+    of the seed's counts that give every test fresh sizes."""
+    from lazyxla import dynamic
+    was = dynamic.POLICY
+    dynamic.POLICY = None
+    yield
+    dynamic.POLICY = was
+
+
 @pytest.fixture(autouse=True)
 def torch_config_unchanged():
     # change torch's settings with torch's own patching (torch._dynamo.config.patch(...)), which

@@ -25,7 +25,7 @@ import lazyxla.debug.metrics as met
 
 DEV = lazyxla.device()
 
-pytestmark = pytest.mark.usefixtures("nothing_pending")
+pytestmark = pytest.mark.usefixtures("nothing_pending", "exact_shapes")  # fresh sizes per test: the seed's counts
 _sizes = itertools.count(3101)
 
 

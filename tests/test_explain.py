@@ -198,8 +198,15 @@ def test_compile_too_frequent_warning():
             y = torch.ones(n).to(d) * 2
             lazyxla.sync()
     """
-    r = _run(code, {"PT_XLA_DEBUG_LEVEL": "1"})
+    # one program per length, as torch_xla: its warning
+    r = _run(code, {"PT_XLA_DEBUG_LEVEL": "1", "LAZYXLA_DYNAMIC_BUCKETS": "off"})
     assert "pt-xla-profiler: CompileTime too frequent: 11 counts during 11 steps" in r.stderr
+    # by default the length becomes dynamic: one padded program per bound (8, 16), no warning
+    r = _run(code, {"PT_XLA_DEBUG_LEVEL": "1"})
+    assert "CompileTime too frequent" not in r.stderr
+    assert r.stderr.count("Compilation Analysis: Compilation Cause") == 3  # n=1 exact, bounds 8 and 16
+    assert "Dynamic Shape Analysis: dimension 0 of input 1 (f32[2], used at <string>:5) is dynamic" in r.stderr
+    assert "padded to 8" in r.stderr and "grows from 8 to 16 (size 9)" in r.stderr
 
 
 def test_every_op_of_a_training_step_keeps_the_users_line():

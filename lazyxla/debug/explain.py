@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from .. import persistent_cache
 from ..config import env_flag
+from ..dynamic import describe
 from ..graph_hash import SITES, FoldTrace, Step
 from ..ir import fmt_where, post_order
 
@@ -59,6 +60,7 @@ class RecompileRecord:
 _HISTORY: list = []   # fold traces of every compiled key, oldest first
 _LOG: list = []
 _USES: dict = {}      # key hex -> [lookups, compile ns, cause of the compile]
+_NOTES: list = []     # dynamic-shape decisions since the last compile (``dynamic.describe``)
 
 
 def recompile_log() -> list:
@@ -67,6 +69,7 @@ def recompile_log() -> list:
 
 
 def clear():
+    _NOTES.clear()
     _HISTORY.clear()
     _LOG.clear()
     _USES.clear()
@@ -336,8 +339,9 @@ def _hint(a, b):
     if a.op == b.op and a.outs != b.outs:
         sa, sb = [m.shape for m in a.outs], [m.shape for m in b.outs]
         if sa != sb:
-            return ("A shape that changes between steps (batch size, sequence length) compiles a new program "
-                    "per shape: pad or bucket to a few fixed sizes.")
+            return ("A size that changes between steps (batch size, sequence length) compiles a new program "
+                    "per shape until lazyxla pads it to a bound (from a structure's second size on, when every "
+                    "changed size follows one input dimension and every op on it has a padding rule).")
         return "A dtype change compiles a new program."
     if not a.is_data and a.op == b.op and a.params != b.params:
         return "A Python constant that changes between steps is part of the graph; pass it as a tensor."
@@ -434,6 +438,9 @@ class Recorder:
         if EXPLAIN:
             print(str(rec), file=sys.stderr)
 
+    def dynamic(self, kind, *info):
+        _NOTES.append(describe(kind, *info))  # said with the compile it comes with
+
     def before_compile(self, cause, trace, graph):
         _disk_history()  # read other processes' keys before this one is stored
 
@@ -445,6 +452,16 @@ class Recorder:
         if not compiled:
             return
         trace = prog.trace
+        exact = prog.extra.get("padded_for")
+        if exact is not None:  # a padded program: what changed is the exact graph's key; said with its bound
+            self._record(exact, cause, prog, f" (padded: {prog.extra['dynamic']}; program {trace.hex[:16]})")
+            return
+        self._record(trace, cause, prog, "")
+
+    def _record(self, trace, cause, prog, padded):
+        if _NOTES:
+            padded += " [dynamic shapes] " + "; ".join(_NOTES)
+            _NOTES.clear()
         earlier = [t for t in _disk_history() + _HISTORY if t.key != trace.key]
         if earlier:
             grown_from, growth = _grown(trace, _HISTORY[-_GROWN_LOOKBACK:]) if cause == "read" else (None, "")
@@ -452,11 +469,11 @@ class Recorder:
             sites, text, where = explain(trace, old)
             if growth:
                 text = f"{growth} {text}"
-            rec = RecompileRecord(len(_LOG) + 1, sites[0] if sites else None, text, trace.hex, old.hex,
+            rec = RecompileRecord(len(_LOG) + 1, sites[0] if sites else None, text + padded, trace.hex, old.hex,
                                   prog.compile_ns, cause, where, trace, sites)
         else:
-            rec = RecompileRecord(1, None, "first compile of the process: no earlier key to compare with",
-                                  trace.hex, None, prog.compile_ns, cause, None, trace)
+            rec = RecompileRecord(len(_LOG) + 1, None, "first compile of the process: no earlier key to compare "
+                                  "with" + padded, trace.hex, None, prog.compile_ns, cause, None, trace)
         _LOG.append(rec)
         _HISTORY.append(trace)
         if EXPLAIN:

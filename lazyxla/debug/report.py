@@ -16,6 +16,7 @@ import sys
 
 from .. import metrics
 from ..config import env_flag, env_int, env_str
+from ..dynamic import describe
 from ..ir import user_frames
 
 
@@ -83,8 +84,9 @@ class Reporter:
     def after_lookup(self, cause, trace, prog, graph, compiled):
         frames = user_frames(64)
         if compiled:
+            padded = prog.extra.get("dynamic")
             _emit(block("Compilation Analysis", "Compilation", CAUSES[cause], prog.key.hex(), len(graph.params),
-                        len(graph.roots), frames))
+                        len(graph.roots), frames, graph_name=f"padded ({padded})" if padded else ""))
             _emit(_post_compilation(prog))
         if LEVEL > 1:
             _emit(block("Execution Analysis", "Execution", CAUSES[cause], prog.key.hex(), len(graph.params),
@@ -94,6 +96,9 @@ class Reporter:
         _emit(block("Compilation Analysis", "torch.compile region traced",
                     f"dynamo is compiling a FX graph to HLO ({why})", key_hex, 0, 0, user_frames(64),
                     graph_name=f"{region} ({n_ops} ops)"))
+
+    def dynamic(self, kind, *info):
+        _emit(f"\nDynamic Shape Analysis: {describe(kind, *info)}\n")
 
     def after_step(self):
         lines = metrics.performance_report()

@@ -152,6 +152,17 @@ def report(flag, value, text, kind="RuntimeError"):
         _checks.append((flag, value, n.sig.op if n is not None else "?", list(where) if where else None, text, kind))
 
 
+_valid = ()  # while a padded node is lowered: (shape, mask) of its operands' real elements
+
+
+def set_valid(masks):
+    """While a padded node (``padding``) is lowered, value checks look only at its operands'
+    real elements: ``masks`` are (shape, bool mask) pairs; returns the pairs it replaces."""
+    global _valid
+    old, _valid = _valid, tuple(masks)
+    return old
+
+
 def check_index(index, size, text, kind="RuntimeError", negative=False):
     """Report whether any of ``index`` falls outside ``[0, size)`` (``[-size, size)`` with
     ``negative``), showing the farthest out that does. One reduction over the indices: each
@@ -159,6 +170,10 @@ def check_index(index, size, text, kind="RuntimeError", negative=False):
     says whether any is out and which."""
     if _checks is None or not getattr(index, "size", 0):
         return
+    for shape, m in _valid:  # padding holds no index: only the real elements are checked
+        if tuple(shape) == tuple(index.shape):
+            index = jnp.where(m, index, 0)
+            break
     flat = jnp.reshape(index, (-1,)).astype(jnp.int64)
     low = -size if negative else 0
     r = jnp.max(jnp.where(flat >= size, 2 * (flat - size), jnp.where(flat < low, 2 * (low - flat) - 1, -1)))
