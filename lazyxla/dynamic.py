@@ -303,11 +303,14 @@ class Plan:
     """A graph's padded twin and how to run it: ``graph`` (the padded ``collect.Graph``),
     ``sources`` (per padded parameter: ``("param", i, pad)`` with ``pad`` the zero padding per
     dimension of the exact graph's parameter ``i``, or None; or ``("size", value)``), ``shapes``
-    (per output: its real shape, or None when not padded), ``donors`` mapped, ``summary``."""
+    (per output: its real shape, or None when not padded, or how merged dimensions are cut),
+    ``summary`` (the variables, sizes and bounds, in words)."""
     __slots__ = ("graph", "sources", "shapes", "summary", "sizes", "bounds", "family")
 
-    def request_donors(self, exact_graph, donors):
-        where = {i: k for k, s in enumerate(self.sources) if s[0] == "param" for i in (s[1],)}
+    def donors(self, donors) -> tuple:
+        """The padded graph's donated parameters: the exact graph's ``donors``, where they went
+        (a padded input donates its padded copy)."""
+        where = {s[1]: k for k, s in enumerate(self.sources) if s[0] == "param"}
         return tuple(sorted(where[d] for d in donors if d in where))
 
 

@@ -143,7 +143,7 @@ def _padded(graph, req, trace, cause, donors, name):
         return None
     pg = plan.graph
     roots = [(uid, v) for (uid, _), v in zip(req.roots, pg.roots)]
-    pdonors = plan.request_donors(graph, donors)
+    pdonors = plan.donors(donors)
     preq = KeyRequest(req.force_ltc_data, roots, pg.sequence, pdonors, req.auto_sharding)
     try:
         return plan, lookup(pg, preq, cause, pdonors, name, pad=False, padded_for=(trace, plan))

@@ -199,15 +199,15 @@ _LOOP = """
 def test_buckets_setting_and_off():
     assert _script(_LOOP, LAZYXLA_DYNAMIC_BUCKETS="off")["compiles"] == 5            # one per length
     assert _script(_LOOP, LAZYXLA_DYNAMIC_BUCKETS="6,13")["compiles"] == 3           # 5 exact, bounds 6 and 13
-    assert _script(_LOOP)["compiles"] == 3                                           # 5 exact, bounds 8 and 16
 
 
 def test_padded_programs_keep_their_keys_across_processes_and_in_the_persistent_cache(tmp_path):
+    # the default bounds: 5 exact, then 8 and 16; another process computes the same 128-bit keys,
+    # so it finds every program in the persistent cache and compiles nothing
     env = {"XLA_PERSISTENT_CACHE_PATH": str(tmp_path)}
     first, second = _script(_LOOP, **env), _script(_LOOP, **env)
-    assert first["compiles"] == 3 and second["compiles"] == 0 and second["hits"] >= 3
-    third = _script(_LOOP)
-    assert third["keys"] == first["keys"]  # the same 128-bit keys in another process
+    assert first["compiles"] == 3 and len(first["keys"]) == 3
+    assert second["compiles"] == 0 and second["hits"] >= 3
 
 
 def test_a_transformer_loop_with_variable_lengths_and_a_smaller_last_batch_trains_like_eager():
@@ -254,7 +254,7 @@ def test_a_transformer_loop_with_variable_lengths_and_a_smaller_last_batch_train
 @pytest.mark.skipif(not os.path.exists(os.path.join(HERE, "hf_scripts", "padded_trainer.py")), reason="script")
 def test_the_trainer_with_padding_to_the_longest_compiles_a_few_programs_and_trains_like_eager(tmp_path):
     script = os.path.join(HERE, "hf_scripts", "padded_trainer.py")
-    env = dict(os.environ, SENTENCES="40", TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, SENTENCES="32", TOKENIZERS_PARALLELISM="false")
 
     def one(lazy):
         cmd = [sys.executable] + (["-m", "lazyxla", "run"] if lazy else []) + [script, str(tmp_path / str(lazy))]
