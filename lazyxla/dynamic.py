@@ -367,6 +367,11 @@ def plan(graph, collect_graph):
         for i in range(len(fam.vars) - (1 if grew else 0), len(fam.vars)):
             metrics.counter_inc("DynamicShapeDimension")
             _tell("dimension", fam.vars[i].label, sizes[i], bucket(sizes[i], _var_mark(graph, st, fam.vars[i])))
+    for v in fam.vars:  # a buffer the user gave up (set_buffer_donation) is donated itself, not a padded copy
+        for p in v.positions:
+            owner = graph.params[st.leaf_dims[p][0]].owner
+            if owner is not None and owner() is not None and owner().donate:
+                return None
     bounds = []
     for i, (v, s) in enumerate(zip(fam.vars, sizes)):
         mark = _var_mark(graph, st, v)

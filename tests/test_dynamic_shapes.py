@@ -268,3 +268,17 @@ def test_the_trainer_with_padding_to_the_longest_compiles_a_few_programs_and_tra
     assert lazy["compiles"] <= 6, lazy
     for k, v in eager["losses"].items():
         assert abs(lazy["losses"][k] - v) <= 1e-4 * abs(v), (k, lazy["losses"][k], v)
+
+
+def test_a_buffer_the_user_donates_is_donated_itself_not_a_padded_copy():
+    for n in (5, 7, 9):  # the structure's length varies: padded from 7 on
+        a, b = torch.ones(n).to(DEV), torch.ones(n).to(DEV)
+        c = a + b
+        lazyxla.sync()
+    keep, gone = torch.ones(13).to(DEV), torch.ones(13).to(DEV)
+    assert lazyxla.set_buffer_donation(gone, True)
+    out = keep + gone
+    lazyxla.sync()
+    assert out.cpu().tolist() == [2.0] * 13 and c.cpu().tolist() == [2.0] * 9
+    with pytest.raises(RuntimeError, match="donated"):
+        gone.cpu()
