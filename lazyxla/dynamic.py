@@ -149,7 +149,7 @@ class Structure:
     (``starts``), and the integer positions that are parameters' dimensions (``leaf_dims``:
     position -> (parameter index, dimension))."""
 
-    __slots__ = ("key", "ints", "starts", "leaf_dims", "index", "fed")
+    __slots__ = ("key", "ints", "starts", "leaf_dims", "fed")
 
     def __init__(self, graph):
         ints, starts, leaf_dims, parts = [], [], {}, []
@@ -184,7 +184,6 @@ class Structure:
         self.ints = tuple(ints)
         self.starts = starts
         self.leaf_dims = leaf_dims
-        self.index = index
         self.fed = fed
 
 
@@ -200,7 +199,7 @@ class Var:
 
 
 class Family:
-    __slots__ = ("samples", "vars", "table", "refused", "bounds", "reported")
+    __slots__ = ("samples", "vars", "table", "refused", "bounds")
 
     def __init__(self):
         self.samples = []       # integer vectors seen, newest last
@@ -208,7 +207,12 @@ class Family:
         self.table = {}         # position -> (variable index, a, b); absent: the integer is constant
         self.refused = None     # a Refusal: this structure stays exact-shape
         self.bounds = {}        # variable index -> the largest bound compiled so far
-        self.reported = False
+
+    def remember(self, ints):
+        """Keep an integer vector (the last ``MAX_SAMPLES`` distinct ones)."""
+        if ints not in self.samples:
+            self.samples.append(ints)
+            del self.samples[:-MAX_SAMPLES]
 
 
 _FAMILIES: dict = {}
@@ -305,7 +309,7 @@ class Plan:
     dimension of the exact graph's parameter ``i``, or None; or ``("size", value)``), ``shapes``
     (per output: its real shape, or None when not padded, or how merged dimensions are cut),
     ``summary`` (the variables, sizes and bounds, in words)."""
-    __slots__ = ("graph", "sources", "shapes", "summary", "sizes", "bounds", "family")
+    __slots__ = ("graph", "sources", "shapes", "summary", "family")
 
     def donors(self, donors) -> tuple:
         """The padded graph's donated parameters: the exact graph's ``donors``, where they went
@@ -314,29 +318,16 @@ class Plan:
         return tuple(sorted(where[d] for d in donors if d in where))
 
 
-def sizes_vary(graph) -> bool:
-    """Whether graphs of this one's structure came with other sizes before (this one is
-    remembered): a value read of such a graph would compile per size."""
+def observe(graph) -> bool:
+    """Remember a graph's sizes without planning (found in the persistent cache, or a value read
+    that may be answered on the host), so that the next size of its structure can be padded;
+    whether graphs of its structure came with other sizes before."""
     if POLICY is None or not graph.params:
         return False
     st = Structure(graph)
     fam, _ = _family(st.key)
-    if st.ints not in fam.samples:
-        fam.samples.append(st.ints)
-        del fam.samples[:-MAX_SAMPLES]
+    fam.remember(st.ints)
     return len(fam.samples) > 1
-
-
-def observe(graph) -> None:
-    """Remember a graph's sizes without planning (it was found elsewhere: the persistent cache),
-    so that the next size of its structure can be padded."""
-    if POLICY is None or not graph.params:
-        return
-    st = Structure(graph)
-    fam, _ = _family(st.key)
-    if st.ints not in fam.samples:
-        fam.samples.append(st.ints)
-        del fam.samples[:-MAX_SAMPLES]
 
 
 def plan(graph, collect_graph):
@@ -348,7 +339,7 @@ def plan(graph, collect_graph):
     st = Structure(graph)
     fam, new = _family(st.key)
     if new:
-        fam.samples.append(st.ints)
+        fam.remember(st.ints)
         return None
     if fam.refused is not None:
         return None
@@ -361,8 +352,7 @@ def plan(graph, collect_graph):
             if grew:  # the new variable does not explain what came before: forget it
                 fam.vars.pop()
                 fam.table = {p: t for p, t in fam.table.items() if t[0] < len(fam.vars)}
-            fam.samples.append(ints)
-            del fam.samples[:-MAX_SAMPLES]
+            fam.remember(ints)
             return None
         for i in range(len(fam.vars) - (1 if grew else 0), len(fam.vars)):
             metrics.counter_inc("DynamicShapeDimension")
@@ -389,7 +379,7 @@ def plan(graph, collect_graph):
         return None
     for i, b in enumerate(bounds):
         fam.bounds[i] = max(b, fam.bounds.get(i, 0))
-    got.sizes, got.bounds, got.family = tuple(sizes), tuple(bounds), fam
+    got.family = fam
     got.summary = "; ".join(f"{v.label}: size {s}, bound {b}" for v, s, b in zip(fam.vars, sizes, bounds))
     return got
 
@@ -501,6 +491,8 @@ def _pad(graph, st, fam, sizes, bounds, collect_graph):
         if rule is None:
             return Refusal(sig.op, n.where, "no padding rule for this op (lowering/padding.py), so it would "
                                             "compute over the padding")
+        if moving and not rule.sizes:
+            return Refusal(sig.op, n.where, "an integer parameter follows a padded size")
         it = iter(at_bound(p, ints[p]) for p in tpl_pos)
         inner_tpl = _replaced(sig.template, it)
         outs, o = [], out_start

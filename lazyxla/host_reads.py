@@ -5,7 +5,7 @@ parameter of the read's graph is data uploaded from the host during this step, o
 scalar made device data (R1.5), nothing on the device is needed: those buffers hold what the
 host sent, ready at once. Such a graph, if it is small (``MAX_OPS`` ops, ``MAX_BYTES`` of
 inputs), made only of ATen ops that are not random, and of a structure whose sizes vary (seen
-before with other sizes: ``dynamic.sizes_vary``; it would compile again for every size), runs
+before with other sizes: ``dynamic.observe``; it would compile again for every size), runs
 in PyTorch eager on copies of those inputs, and the read returns its values: no compile, no
 wait for the device, the same values (PyTorch's own kernels, on the values the device holds).
 transformers reads ``padding_mask.all()`` in every forward, from the attention mask the batch
@@ -28,7 +28,7 @@ from .config import env_flag
 from .ir import OpSig
 from .lowering import is_random
 from .lowering.program import instantiate
-from .dynamic import sizes_vary
+from .dynamic import observe
 from .storage import uploaded_this_step
 from .xla import download
 
@@ -51,9 +51,9 @@ def answer(graph):
     """The roots' values computed on the host (CPU tensors, one per root), or None."""
     if not ENABLED:
         return None
-    ops = [n for n in graph.post if n.data is None]
-    if not ops or len(ops) > MAX_OPS or graph.n_ops != len(ops):
+    if not 0 < len(graph.post) - len(graph.params) <= MAX_OPS:  # checked before any walk: reads run every step
         return None
+    ops = [n for n in graph.post if n.data is None]
     size = 0
     for p in graph.params:
         m = p.sig.outs[0]
@@ -67,7 +67,7 @@ def answer(graph):
         if not isinstance(f, torch._ops.OpOverload) or is_random(f) or f._schema.is_mutable or \
                 type(n.sig) is not OpSig:
             return None
-    if not sizes_vary(graph):
+    if not observe(graph):  # fixed shapes: R5's own program, compiled once
         return None
     try:
         hosts = download([p.data for p in graph.params], [p.sig.outs[0].dtype for p in graph.params])

@@ -10,9 +10,6 @@ import jax.numpy as jnp
 from .. import program
 from ..program import lower_call
 
-INT_MAX = 2 ** 63 - 1
-
-
 # ---------------------------------------------------------------------------------------
 # Kinds, real sizes and masks.
 def real(kind, sizes, bound):
@@ -109,11 +106,15 @@ class Ctx:
 
 
 class Rule:
-    """How one op family is padded: ``check`` once per graph, ``lower`` at trace time."""
+    """How one op family is padded: ``check`` once per graph, ``lower`` at trace time.
+    ``sizes``: the rule reads template integers that follow a size (``Ctx.moving``: a view's
+    sizes, a slice's bounds); for any other rule such an integer refuses the node before its
+    check runs (``dynamic``), since the op would take it for a plain number."""
 
-    def __init__(self, check, lower=None):
+    def __init__(self, check, lower=None, sizes=False):
         self.check = check
         self.lower = lower or _plain
+        self.sizes = sizes
 
 
 def _plain(inner, vals, sizes, info):
@@ -136,11 +137,9 @@ def lower_padded(sig, *vals, info=None, inner=None):
 
 # ---------------------------------------------------------------------------------------
 # Family checks.
-def _broadcast_kinds(in_kinds, out_kinds, moving):
+def _broadcast_kinds(in_kinds, out_kinds):
     """Elementwise: every operand's padded dimension lines up with the output's (right
-    aligned); merged kinds flow through. No integer may follow a size."""
-    if moving:
-        return "an integer parameter follows a padded size"
+    aligned); merged kinds flow through."""
     out = [list(k) for k in out_kinds]
     for ok in out:
         r = len(ok)
@@ -157,7 +156,7 @@ def _broadcast_kinds(in_kinds, out_kinds, moving):
 
 
 def pointwise(c):
-    return _broadcast_kinds(c.in_kinds, c.out_kinds, c.moving)
+    return _broadcast_kinds(c.in_kinds, c.out_kinds)
 
 
 def _merged(fit, got):

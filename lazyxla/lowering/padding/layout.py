@@ -105,15 +105,13 @@ def expand(c):
     got = _sizes_at({1})(c.but(in_kinds=()))
     if isinstance(got, str):
         return got
-    return _broadcast_kinds(in_kinds, out_kinds, {})
+    return _broadcast_kinds(in_kinds, out_kinds)
 
 
 def _moved(fn):
     """Views that move dimensions: the output's kinds are the input's, moved the same way."""
     def check(c):
-        in_kinds, moving, template = c.in_kinds, c.moving, c.template
-        if moving:
-            return "an integer parameter follows a padded size"
+        in_kinds, template = c.in_kinds, c.template
         targs, _ = template
         return (tuple(fn(list(in_kinds[0]), targs)),)
     return check
@@ -139,9 +137,7 @@ def _unsqueeze(k, targs):
 
 
 def squeeze(c):
-    in_kinds, moving, template = c.in_kinds, c.moving, c.template
-    if moving:
-        return "an integer parameter follows a padded size"
+    in_kinds, template = c.in_kinds, c.template
     targs = template[0]
     k = list(in_kinds[0])
     shape = c.in_shapes[0]
@@ -233,8 +229,6 @@ def select_lower(inner, vals, sizes, info):
 
 def flip(c):
     """flip: along a padded dimension the real values are reversed in place (the padding stays behind)."""
-    if c.moving:
-        return "an integer parameter follows a padded size"
     k = c.in_kinds[0]
     for d in c.template[0][1]:
         x = k[_dim(d, len(k))]
@@ -313,9 +307,7 @@ def along(dim_arg, allow_padded=True):
     """Ops that work along one dimension and keep the others elementwise: the output keeps
     the input's kinds; the dimension itself may be padded only if ``allow_padded``."""
     def check(c):
-        in_kinds, out_kinds, moving, template = c.in_kinds, c.out_kinds, c.moving, c.template
-        if moving:
-            return "an integer parameter follows a padded size"
+        in_kinds, out_kinds, template = c.in_kinds, c.out_kinds, c.template
         targs = template[0]
         k = in_kinds[0]
         d = _dim(targs[dim_arg] if len(targs) > dim_arg else 0, len(k))
@@ -323,14 +315,12 @@ def along(dim_arg, allow_padded=True):
             return "works along a padded dimension"
         if k and k[d] is not None and k[d][0] == "m":
             return "works along a merged padded dimension"
-        return _broadcast_kinds(in_kinds, out_kinds, {})
+        return _broadcast_kinds(in_kinds, out_kinds)
     return check
 
 
 def cat(c):
-    in_kinds, out_kinds, moving, template = c.in_kinds, c.out_kinds, c.moving, c.template
-    if moving:
-        return "an integer parameter follows a padded size"
+    in_kinds, out_kinds, template = c.in_kinds, c.out_kinds, c.template
     targs = template[0]
     rank = len(out_kinds[0])
     d = _dim(targs[1] if len(targs) > 1 else 0, rank)
@@ -348,9 +338,7 @@ def cat(c):
 
 
 def stack(c):
-    in_kinds, out_kinds, moving, template = c.in_kinds, c.out_kinds, c.moving, c.template
-    if moving:
-        return "an integer parameter follows a padded size"
+    in_kinds, out_kinds, template = c.in_kinds, c.out_kinds, c.template
     d = _dim(template[0][1] if len(template[0]) > 1 else 0, len(out_kinds[0]))
     k = list(in_kinds[0])
     if any(x != in_kinds[0] for x in in_kinds):

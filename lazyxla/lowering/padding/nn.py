@@ -12,9 +12,7 @@ from .core import _any, _args, _dim, _merged, masked, overload_name, real
 
 
 def layer_norm(c):
-    in_kinds, out_kinds, moving, template = c.in_kinds, c.out_kinds, c.moving, c.template
-    if moving:
-        return "an integer parameter follows a padded size"
+    in_kinds, out_kinds, template = c.in_kinds, c.out_kinds, c.template
     targs = template[0]
     k = in_kinds[0]
     n_norm = len(targs[1])
@@ -25,8 +23,6 @@ def layer_norm(c):
 
 
 def layer_norm_backward(c):
-    if c.moving:
-        return "an integer parameter follows a padded size"
     k = c.in_kinds[0]
     n_norm = len(c.template[0][2])
     if any(x is not None for x in k[len(k) - n_norm:]):
@@ -51,8 +47,6 @@ def rows(c):
     """Ops that pick rows by an index: embedding (the index's kinds, then the weight's last),
     index_select and gather (the index's kinds along the dimension), embedding's backward
     (the weight's shape: not padded)."""
-    if c.moving:
-        return "an integer parameter follows a padded size"
     if any(x is not None and x[0] == "m" for k in c.in_kinds for x in k):
         return "indexes with a merged padded dimension"
     name = overload_name(c.inner.func).split(".")[0]
@@ -74,8 +68,6 @@ def rows(c):
 def index(c):
     """Advanced indexing: real index values address real positions (the real values lead);
     the output's padded dimensions come from the index tensors' or the indexed tensor's."""
-    if c.moving:
-        return "an integer parameter follows a padded size"
     if any(x is not None and x[0] == "m" for k in c.in_kinds for x in k):
         return "indexes with a merged padded dimension"
     return c.out_kinds
@@ -100,8 +92,6 @@ def index_lower(inner, vals, sizes, info):
 def isin(c):
     """isin(elements, test_elements): elementwise in ``elements``; a padded set of test
     elements would test against the padding."""
-    if c.moving:
-        return "an integer parameter follows a padded size"
     if len(c.in_kinds) > 1 and _any(c.in_kinds[1]):
         return "tests against a padded set of elements"
     return (_merged(c.out_kinds[0], c.in_kinds[0]),)
@@ -121,8 +111,6 @@ def summed_operand(i):
 def nll(c):
     """nll_loss: the loss per row follows the target's kinds (reduction none); the total
     weight and a reduced loss are not padded; the input's gradient follows the input."""
-    if c.moving:
-        return "an integer parameter follows a padded size"
     if "backward" in overload_name(c.inner.func):
         return (c.in_kinds[1],)
     targs = c.template[0]

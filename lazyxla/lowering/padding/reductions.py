@@ -24,9 +24,7 @@ def reduction(fill, dim_arg=1, count=None):
     """``fill(dtype)`` is the reduction's identity; ``count``: "mean" rescales by the real
     number of elements, "var" recomputes with the real count (and correction)."""
     def check(c):
-        in_kinds, out_kinds, moving, template = c.in_kinds, c.out_kinds, c.moving, c.template
-        if moving:
-            return "an integer parameter follows a padded size"
+        in_kinds, out_kinds, template = c.in_kinds, c.out_kinds, c.template
         targs, tkw = template[0], dict(template[1])
         k = in_kinds[0]
         red = _reduced(targs, tkw, len(k), dim_arg)
@@ -142,9 +140,7 @@ def _contract_dims(name, shapes):
 
 
 def contraction(c):
-    inner, in_kinds, out_kinds, moving = c.inner, c.in_kinds, c.out_kinds, c.moving
-    if moving:
-        return "an integer parameter follows a padded size"
+    inner, in_kinds, out_kinds = c.inner, c.in_kinds, c.out_kinds
     shapes = c.in_shapes
     dims = _contract_dims(overload_name(inner.func), shapes)
     for k, ds in zip(in_kinds, dims):
