@@ -234,7 +234,6 @@ CASES = [
     ("cnn", "adamw-foreach", None, "step", 1),
     ("cnn", "sgd-nesterov-wd", None, None, 2),
     ("resnet", "sgd", 1.0, "onecycle", 1),
-    ("resnet", "adamw-loop", None, None, 1),
     ("lstm", "adam-foreach", 0.5, None, 1),
     ("gru", "sgd", None, "step", 1),
     ("gpt", "adamw-foreach", 1.0, "onecycle", 1),
