@@ -10,8 +10,12 @@
    DataCollatorWithPadding to the longest) in new processes: eager, lazyxla with
    ``LAZYXLA_DYNAMIC_BUCKETS=off`` (one program per length, as torch_xla) and lazyxla: programs
    compiled, seconds of the training loop, losses' largest relative difference from eager.
+3. ``generate`` (``--generate``): ``lazyxla.hf.generate`` (a 2-layer Llama from a config,
+   batch 2 with a left-padded row, 8 new tokens) over 3 and over 9 prompt lengths, each in a
+   new process, with prompts padded to their bucket and with ``LAZYXLA_DYNAMIC_BUCKETS=off``:
+   programs compiled, seconds, whether every generate's tokens equal eager's.
 
-Usage: python bench/dynamic_shapes.py [--length 40] [--steps 20] [--repeats 5] [--trainer]
+Usage: python bench/dynamic_shapes.py [--length 40] [--steps 20] [--repeats 5] [--trainer] [--generate]
 """
 from __future__ import annotations
 
@@ -110,16 +114,69 @@ def trainer_bench():
               f"{r['train_seconds']:>8.1f} {r['wall']:>7.1f} {diff:>19.2e}")
 
 
+def generate_job(lengths):
+    """One process's generates at these prompt lengths: prints compiles, seconds, tokens equal."""
+    import json
+    from transformers import LlamaConfig, LlamaForCausalLM
+    import lazyxla
+    import lazyxla.debug.metrics as met
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    ref = LlamaForCausalLM(cfg).eval()
+    ref.load_state_dict(model.state_dict())
+    dev = lazyxla.device()
+    model.to(dev)
+    equal, lazy_s, eager_s = True, 0.0, 0.0
+    for n in lengths:
+        ids = torch.randint(3, 256, (2, n), generator=torch.Generator().manual_seed(n))
+        mask = torch.ones_like(ids)
+        ids[1, :2], mask[1, :2] = 0, 0
+        kw = dict(max_new_tokens=8, do_sample=False, cache_implementation="static")
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            got = model.generate(ids.to(dev), attention_mask=mask.to(dev), custom_generate=lazyxla.hf.generate,
+                                 **kw).cpu()
+            t1 = time.perf_counter()
+            want = ref.generate(ids, attention_mask=mask, **kw)
+            t2 = time.perf_counter()
+        lazy_s, eager_s = lazy_s + t1 - t0, eager_s + t2 - t1
+        equal = equal and torch.equal(got, want)
+    print(json.dumps({"compiles": met.counter_value("UncachedCompile") or 0, "seconds": lazy_s,
+                      "eager_seconds": eager_s, "equal": equal}))
+
+
+def generate_bench():
+    import json
+    import subprocess
+    print("HF generate (lazyxla.hf.generate), batch 2, 8 new tokens, prompts of 3 and of 9 lengths")
+    print(f"{'run':<30} {'lengths':>7} {'compiles':>8} {'lazy s':>7} {'eager s':>7} {'tokens':>7}")
+    for name, env in (("one program per length", {"LAZYXLA_DYNAMIC_BUCKETS": "off"}), ("prompt buckets", {})):
+        for lengths in ("5,9,13", "5,6,7,8,9,10,11,12,13"):
+            r = subprocess.run([sys.executable, __file__, "--generate-job", lengths], capture_output=True, text=True,
+                               env=dict(os.environ, **env), check=True)
+            got = json.loads(r.stdout.strip().splitlines()[-1])
+            print(f"{name:<30} {len(lengths.split(',')):>7} {got['compiles']:>8} {got['seconds']:>7.1f} "
+                  f"{got['eager_seconds']:>7.2f} {'equal' if got['equal'] else 'DIFFER':>7}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--length", type=int, default=40)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--trainer", action="store_true", help="also the HF Trainer runs (new processes)")
+    p.add_argument("--generate", action="store_true", help="also HF generate over prompt lengths (new processes)")
+    p.add_argument("--generate-job", help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.generate_job:
+        return generate_job([int(n) for n in a.generate_job.split(",")])
     step_bench(a.length, a.steps, a.repeats)
     if a.trainer:
         trainer_bench()
+    if a.generate:
+        generate_bench()
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from .config import env_flag
 from .execution import ExecutionError, raise_failed_checks, resolve, run, wait_device_ops  # noqa: F401  (wait_device_ops: API)
 from .collect import Graph
 from .graph_hash import FoldTrace, KeyRequest, compute
-from .storage import Storage, next_step, pending, reads_on_host, view_on_host
+from .storage import Storage, next_step, pending, reads_on_host, take_host, view_on_host
 from .errors import LazyXlaError
 from .dynamic import PaddedCall
 from .xla import auto_sharding, download, process_mesh, spmd
@@ -269,6 +269,17 @@ def read_values(states) -> list:
             x = view_on_host(x, s.chain).clone() if h else x
         out.append(x)
     return out
+
+
+def settle(states) -> list:
+    """``read_values`` of the tensors, then each pending one (not a view) takes its value as
+    device data sent by the host: a later sync does not compute it again. Small preparations
+    over a step's uploads (HF's mask and positions for a prompt) are answered on the host
+    (``host_reads``), so they cost no program at a new length."""
+    hosts = read_values(states)
+    for s, h in zip(states, hosts):
+        take_host(s, h)
+    return hosts
 
 
 def graph_key(states):

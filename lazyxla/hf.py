@@ -26,6 +26,15 @@ Python cannot change from token to token, else traced and synced. Either way eve
 the same program: the compiles do not grow with the number of tokens, greedy tokens are
 eager's, and sampling draws from lazyxla's seed graph (``lazyxla.manual_seed``).
 
+Prompts of a new length compile nothing within their bucket (``dynamic.bucket``: the next power
+of two, or ``LAZYXLA_DYNAMIC_BUCKETS``): what HF prepared for the prompt (its mask and
+positions) is read on the host (``executor.settle``), the prompt is padded at its end to its
+bucket (the causal mask keeps every real position from the padding), and the cache and the
+sequence buffer are as long as the bucket of the generate's length. The numbers are exact: the
+logits are taken at the real last position and the cache's write position is set back to the
+real length, so generated tokens overwrite the padding's keys and values before any token can
+attend to them.
+
 Supported: decoder-only models with a static cache (``cache_implementation="static"``),
 greedy and sampling (``num_beams=1``), every logits processor and stopping criterion (those
 that read the sequence get it exactly, but make the step's Python depend on the token, so the
@@ -40,7 +49,7 @@ import weakref
 
 import torch
 
-from . import executor
+from . import dynamic, executor
 from .device import DEVICE
 from .errors import LazyXlaError
 
@@ -68,28 +77,27 @@ def generate(model, input_ids, logits_processor=None, stopping_criteria=None, ge
     cfg = generation_config
     _check(model, cfg, model_kwargs, synced_gpus, streamer)
     input_ids = input_ids.to(DEVICE)
-    for k in ("attention_mask", "position_ids"):
-        if isinstance(model_kwargs.get(k), torch.Tensor):
-            model_kwargs[k] = model_kwargs[k].to(DEVICE)
-    # what HF's generate prepared (the prompt's position ids) as a program of its own: the
-    # prompt's program then sees the same tensors, in the same order, in every generate (not a
-    # step: the random seed does not move, so a sampled generate repeats after manual_seed)
-    executor.run_pending()
+    batch, prompt = input_ids.shape
+    # what HF's generate prepared for this prompt (its padding mask and positions) as values,
+    # answered on the host when it can be (host_reads): a new prompt length costs no program
+    # for them, and the tensors HF keeps are device data, not pending IR
+    prepared = [model_kwargs.get(k) for k in ("attention_mask", "position_ids")]
+    prepared = [t.to(DEVICE) if isinstance(t, torch.Tensor) else None for t in prepared]
+    got = iter(executor.settle([t._state for t in (input_ids, *prepared) if t is not None]))
+    ids_h, mask_h, pos_h = [next(got) if t is not None else None for t in (input_ids, *prepared)]
+    executor.run_pending()  # anything else pending: a program of its own, not the prompt's
     dec = _decoder(model, cfg, list(logits_processor or ()), list(stopping_criteria or ()), model_kwargs,
-                   input_ids.shape[0], replay)
-    prompt = input_ids.shape[1]
-    dec.begin(input_ids, model_kwargs.get("attention_mask"))
-    outputs = model._prefill(input_ids, cfg, model_kwargs)  # HF's own: the prompt's masks and positions
-    pos = model_kwargs.get("position_ids")
-    pos = (pos[:, -1:] + 1) if pos is not None else None
-    unfinished = torch.ones(input_ids.shape[0], dtype=torch.long, device=DEVICE)
+                   batch, replay)
+    dec.begin(ids_h, mask_h)
     cur = torch.tensor([prompt], device=DEVICE)
-    token, unfinished, cur, done, scores, raw = dec.choose(outputs.logits[:, -1, :], unfinished, cur)
-    del outputs
+    logits, pos = dec.prefill(ids_h, mask_h, pos_h, cur, cfg, model_kwargs)
+    unfinished = torch.ones(batch, dtype=torch.long, device=DEVICE)
+    token, unfinished, cur, done, scores, raw = dec.choose(logits, unfinished, cur)
+    del logits
     executor.sync()
     kept_scores, kept_logits = [scores], [raw]
     dec.length += 1
-    while dec.length < dec.total and not (dec.has_eos and bool(done)):
+    while dec.length < cfg.max_length and not (dec.has_eos and bool(done)):
         # a new decoder traces its first token before capturing: a compiled forward's first
         # call at a shape records what its later calls do not
         traced = not dec.replay or not dec.warm
@@ -123,9 +131,12 @@ class _Decoder:
                                                                for p in processors)
         # a sliding-window layer decides on the host, from a Python count, where to write: a
         # replay would freeze that decision, so such a cache is traced per token
-        plain_cache = all(type(layer).__name__ == "StaticLayer" for layer in cache.layers)
+        plain_cache = _plain_cache(cache)
         self.replay = (not self.reads_sequence and plain_cache) if replay is None else bool(replay)
-        self.total = cfg.max_length
+        # a plain static cache takes a prompt padded to its bucket (``prefill``); its length
+        # (``_decoder``) and the sequence's are buckets too
+        self.padded = _pads(cache, cfg)
+        self.total = _total(cache, cfg)
         self.do_sample = cfg.do_sample
         eos = cfg._eos_token_tensor
         self.has_eos = eos is not None and any(type(c).__name__ == "EosTokenCriteria" for c in criteria)
@@ -158,16 +169,54 @@ class _Decoder:
             # same numbers after the same manual_seed
             self.run = lazy_compile(self.step, replay=True, warmup=0)
 
-    def begin(self, input_ids, prompt_mask):
-        """A new generation: the prompt into the buffers, in place (a replay binds them)."""
-        prompt = input_ids.shape[1]
+    def begin(self, ids, prompt_mask):
+        """A new generation: the prompt (host tensors) into the buffers, in place (a replay binds
+        them), each written whole from the host: one program for prompts of every length."""
+        batch, prompt = ids.shape
         self.cache.reset()
-        self.seq.fill_(self.pad_id)
-        self.seq[:, :prompt] = input_ids
+        seq = torch.full((batch, self.total), self.pad_id, dtype=torch.long)
+        seq[:, :prompt] = ids
+        self.seq.copy_(seq.to(DEVICE))
         if self.mask is not None:
-            self.mask.fill_(1)
-            self.mask[:, :prompt] = prompt_mask
+            mask = torch.ones(self.mask.shape, dtype=torch.long)
+            mask[:, :prompt] = prompt_mask
+            self.mask.copy_(mask.to(DEVICE))
         self.length = prompt
+
+    def prefill(self, ids, prompt_mask, positions, cur, cfg, model_kwargs):
+        """The prompt through the model as HF's ``_prefill`` runs it, from host tensors:
+        the last prompt position's logits and the next token's positions. With a plain static
+        cache the prompt is padded at its end to its bucket (``dynamic.bucket``), so prompts of
+        every length up to the bucket run one program, exactly: the causal mask keeps each real
+        position from the padding after it, the logits are taken at the real last position
+        (``cur - 1``, data), and the layers' write position is set back to the real length, so
+        the first generated token overwrites the padding's keys and values and no later token
+        attends to what is left of them (the cache's mask ends at the current position)."""
+        prompt = ids.shape[1]
+        to = dynamic.bucket(prompt) if self.padded else prompt
+        kw = dict(model_kwargs)
+        if prompt_mask is not None:
+            kw["attention_mask"] = _pad_end(prompt_mask, to, 1).to(DEVICE)
+        if positions is not None:
+            kw["position_ids"] = _pad_end(positions, to, 0).to(DEVICE)
+        last = cur - 1
+        if "logits_to_keep" in kw:  # HF's 1 (the last position) would be the padding's
+            kw["logits_to_keep"] = last
+        ids = _pad_end(ids, to, self.pad_id).to(DEVICE)
+        if cfg.prefill_chunk_size is not None:  # HF's chunks, each at its own shape
+            outputs = self.model._prefill(ids, cfg, kw)
+        else:  # HF's ``_prefill`` in one piece, on the emptied cache: nothing to slice off the
+            # prompt (``_prefill`` reads the cache's length, a device value, to find that out)
+            inputs = self.model.prepare_inputs_for_generation(ids, next_sequence_length=None,
+                                                              is_first_iteration=True, **kw)
+            outputs = self.model(**inputs, return_dict=True)
+        logits = outputs.logits
+        logits = logits[:, -1, :] if logits.shape[1] == 1 else logits.index_select(1, last)[:, 0, :]
+        if self.padded:
+            for layer in self.cache.layers:
+                layer.cumulative_length.copy_(cur[0])
+        nxt = (positions[:, -1:] + 1).to(DEVICE) if positions is not None else None
+        return logits, nxt
 
     def choose(self, logits, unfinished, cur):
         """The next token from the last position's logits, written into ``seq`` at ``cur``."""
@@ -207,6 +256,7 @@ def _decoder(model, cfg, processors, criteria, model_kwargs, batch, replay) -> _
     must find the same tensors, so the kept cache, emptied (``reset``, in place), takes the new
     one's place. Only a replayed decoder is kept, and only when its kind can be said in plain
     values (the processors' settings, the model inputs passed on, the cache's layers)."""
+    model_kwargs["cache"] = _bucketed(model, model_kwargs["cache"], cfg)
     kind = _kind(model, cfg, processors, criteria, model_kwargs, batch, replay)
     kept = _DECODERS.setdefault(model, {})
     old = kept.get(kind) if kind is not None else None
@@ -219,6 +269,47 @@ def _decoder(model, cfg, processors, criteria, model_kwargs, batch, replay) -> _
             kept.pop(next(iter(kept)))
         kept[kind] = dec
     return dec
+
+
+def _plain_cache(cache) -> bool:
+    """Whether every layer of the cache is a plain static layer, held on the device: one
+    whose write position is a device tensor (a sliding window decides it on the host)."""
+    return all(type(layer).__name__ == "StaticLayer" for layer in cache.layers) and not cache.offloading
+
+
+def _pads(cache, cfg) -> bool:
+    """Whether prompts are padded to their bucket: a plain static cache, dynamic shapes on
+    (``LAZYXLA_DYNAMIC_BUCKETS`` not off), HF's prefill in one piece."""
+    return _plain_cache(cache) and dynamic.enabled() and cfg.prefill_chunk_size is None
+
+
+def _total(cache, cfg) -> int:
+    """The length of the sequence's buffer and, when padded, of the cache: the generate's, or
+    when padded the bucket of the longer of it and HF's cache (which keeps the longest length
+    of earlier generates: ``_previous_max_cache_length``)."""
+    if not _pads(cache, cfg):
+        return cfg.max_length
+    return dynamic.bucket(max(cfg.max_length, *(layer.max_cache_len for layer in cache.layers)))
+
+
+def _bucketed(model, cache, cfg):
+    """The static cache a decoder works in: a plain one at the bucket of HF's length
+    (``dynamic.bucket``), so that generates whose prompts and lengths differ within the bucket
+    share its cache and programs (the cache's mask ends at the current position: the longer
+    cache changes no token); otherwise HF's own."""
+    from transformers import StaticCache
+    if not _pads(cache, cfg) or all(layer.max_cache_len == _total(cache, cfg) for layer in cache.layers):
+        return cache
+    return StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=_total(cache, cfg))
+
+
+def _pad_end(t, to, value):
+    """A host tensor ``[batch, n]`` padded with ``value`` at its end to ``[batch, to]``."""
+    if t.shape[1] == to:
+        return t
+    out = torch.full((t.shape[0], to), value, dtype=t.dtype)
+    out[:, :t.shape[1]] = t
+    return out
 
 
 def _plain(v) -> bool:
@@ -239,7 +330,7 @@ def _kind(model, cfg, processors, criteria, model_kwargs, batch, replay):
     eos = tuple(eos.reshape(-1).tolist()) if eos is not None else None
     pad = int(cfg._pad_token_tensor) if cfg._pad_token_tensor is not None else None
     mask = model_kwargs.get("attention_mask")
-    return (layers, str(model.dtype), batch, cfg.max_length, mask is not None, cfg.do_sample, procs, crits, passed,
+    return (layers, str(model.dtype), batch, _total(model_kwargs["cache"], cfg), mask is not None, cfg.do_sample, procs, crits, passed,
             eos, pad, bool(cfg.return_dict_in_generate and cfg.output_scores),
             bool(cfg.return_dict_in_generate and cfg.output_logits), replay)
 

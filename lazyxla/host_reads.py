@@ -85,13 +85,28 @@ def answer(graph):
     return [x.clone() if x._base is not None else x for x in out]
 
 
+_NUMBERS = ("number", "Scalar", "float", "int", "bool", "complex", "SymInt")
+
+
+def _wants_number(arg) -> bool:
+    t = str(arg.type) if arg is not None else ""
+    return t.removeprefix("Optional[").removesuffix("]").rstrip("?") in _NUMBERS
+
+
 def _run(sig, vals):
     if sig.op == "lazyxla::convert":
         m = sig.outs[0]
         return (vals[0].to(m.dtype).expand(m.shape).clone(),)
     targs, tkw = sig.template
     kw = {k: (_CPU if k == "device" and v is not None else instantiate(v, vals)) for k, v in tkw}
-    out = sig.func(*instantiate(targs, vals), **kw)
+    args = instantiate(targs, vals)
+    # a Python scalar the trace made device data (R1.5) is a number again where ATen wants one
+    schema = sig.func._schema.arguments
+    args = [a.item() if isinstance(a, torch.Tensor) and i < len(schema) and _wants_number(schema[i]) else a
+            for i, a in enumerate(args)]
+    named = {a.name: a for a in schema}
+    kw = {k: (a.item() if isinstance(a, torch.Tensor) and _wants_number(named.get(k)) else a) for k, a in kw.items()}
+    out = sig.func(*args, **kw)
     if any(isinstance(o, torch.Tensor) and o.device.type != "cpu" for o in (out if isinstance(out, (tuple, list))
                                                                            else (out,))):
         raise ValueError("made a tensor off the host")

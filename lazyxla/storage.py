@@ -505,6 +505,18 @@ def upload(host) -> TensorState:
     return state
 
 
+def take_host(state: TensorState, host) -> bool:
+    """A pending tensor (not a view) whose value the host computed takes that value as its
+    device data, sent by the host this step: nothing is left to compute for it. False, and
+    nothing changes, for a view or a tensor that is device data already."""
+    st = state.storage
+    if state.chain is not None or st.data is not None or st.sharding is not None:
+        return False
+    st.set_data(_upload_array(host.detach().to(st.meta.dtype)))
+    st.uploaded = STEP
+    return True
+
+
 def device_data(array, meta: TensorMeta) -> TensorState:
     """A new tensor's state whose value is the device buffer ``array`` (no IR)."""
     return TensorState(Storage.of_data(array, meta), meta)

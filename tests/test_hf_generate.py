@@ -46,24 +46,56 @@ def eager(ids, extra, **kw):
         return make_model().generate(ids, cache_implementation="static", **extra, **kw)
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["lazy", "compiled-forward"])
-@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("batch,compiled", [(1, False), (2, True)], ids=["1-lazy", "2-compiled-forward"])
 def test_greedy_is_eagers_and_compiles_do_not_grow_with_the_tokens(batch, compiled):
     model = make_model().to(lazyxla.device())
     if compiled:
         model.forward = torch.compile(model.forward, backend="lazyxla")
     ids, extra = prompt(batch)
     runs = {}
-    for n in (6, 12, 24):  # each length a cache of its own size (HF's): its own programs
+    for n in (6, 12, 20):  # sequences of 14, 20 and 28: caches of 16, 32 and 32 (their buckets)
         seq, compiles = run(model, ids, extra, max_new_tokens=n, do_sample=False)
         assert torch.equal(seq, eager(ids, extra, max_new_tokens=n, do_sample=False)), n
         assert seq.shape == (batch, PROMPT + n)
         runs[n] = compiles
-    assert runs[12] == runs[24] <= runs[6], runs  # 24 tokens compile what 12 do
-    assert runs[24] <= 4, runs  # what generate prepares, the cache, the prompt and the step
-    seq, compiles = run(model, ids, extra, max_new_tokens=24, do_sample=False)
-    assert compiles == 0
-    assert torch.equal(seq, eager(ids, extra, max_new_tokens=24, do_sample=False))
+    assert runs[12] <= runs[6] and runs[12] <= 4, runs  # a new cache: its zeros, the prompt and the step
+    assert runs[20] == 0, runs  # more tokens within the cache's bucket: its programs
+
+
+def prompts(lengths, batch=2):
+    """Prompts of the given lengths, the second of each batch left-padded by two."""
+    out = []
+    for n in lengths:
+        ids = torch.randint(3, 256, (batch, n), generator=torch.Generator().manual_seed(n))
+        mask = torch.ones_like(ids)
+        ids[1, :2], mask[1, :2] = 0, 0
+        out.append((ids, {"attention_mask": mask}))
+    return out
+
+
+def test_prompts_of_three_times_the_lengths_compile_nothing_more_and_give_eagers_tokens():
+    kw = dict(max_new_tokens=4, do_sample=False)
+    three = make_model().to(lazyxla.device())
+    compiles = []
+    for ids, extra in prompts((5, 9, 13)):
+        seq, c = run(three, ids, extra, **kw)
+        assert torch.equal(seq, eager(ids, extra, **kw)), ids.shape
+        compiles.append(c)
+    # (prompt, cache) buckets (8, 16), (16, 16), (16, 32): after the first generate (HF's own
+    # checks too), at most the cache's zeros, the prompt's program and the token's
+    assert compiles[1] <= 3 and compiles[2] <= 3, compiles
+    captures = cnt("GraphCapture")
+    (ids, extra), = prompts((11,))  # the same model, a new length within (16, 32): its step replays
+    seq, c = run(three, ids, extra, **kw)
+    assert c == 0 and cnt("GraphCapture") == captures and torch.equal(seq, eager(ids, extra, **kw))
+    # another model of the same kind, every length from 5 to 13: the programs of the three above
+    nine = make_model().to(lazyxla.device())
+    answered = cnt("HostAnsweredRead")
+    for ids, extra in prompts(range(5, 14)):
+        seq, c = run(nine, ids, extra, **kw)
+        assert c == 0, (ids.shape, c)
+        assert torch.equal(seq, eager(ids, extra, **kw)), ids.shape
+    assert cnt("HostAnsweredRead") > answered  # HF's preparations for a prompt: on the host
 
 
 def test_a_second_generate_replays_the_step_it_captured_before():
@@ -92,9 +124,9 @@ def test_sampling_draws_from_the_seed_and_compiles_do_not_grow():
     assert not torch.equal(first, other)
     assert torch.equal(first[:, :PROMPT], ids)
     assert int(first.min()) >= 0 and int(first.max()) < 256
-    _, c21 = run(model, ids, extra, max_new_tokens=21, **kw)
-    _, c27 = run(model, ids, extra, max_new_tokens=27, **kw)
-    assert c21 == c27 <= 4
+    _, c21 = run(model, ids, extra, max_new_tokens=21, **kw)  # a sequence of 29: the cache of 32 above
+    _, c27 = run(model, ids, extra, max_new_tokens=27, **kw)  # 35: a cache of 64
+    assert c21 == 0 and c27 <= 4, (c21, c27)
 
 
 def test_traced_every_token_gives_the_same_tokens():
@@ -104,7 +136,7 @@ def test_traced_every_token_gives_the_same_tokens():
     assert torch.equal(seq, eager(ids, extra, max_new_tokens=8, do_sample=False))
     _, c13 = run(model, ids, extra, max_new_tokens=13, do_sample=False, replay=False)
     _, c15 = run(model, ids, extra, max_new_tokens=15, do_sample=False, replay=False)
-    assert c13 == c15 <= 4  # lengths no other test here uses: none of their programs is cached
+    assert c13 <= 4 and c15 == 0, (c13, c15)  # sequences of 21 and 23: one cache bucket (32)
 
 
 def test_a_processor_that_reads_the_sequence_gets_it_exactly():
