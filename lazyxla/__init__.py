@@ -28,6 +28,7 @@ from . import metrics as _metrics
 from .closures import add_step_closure
 from .compiled_step import compile, step  # noqa: A004 - torch_xla's names; torch.compile is another thing
 from .replay import Graph, graph, make_graphed_callables
+from .scan import scan, scan_layers
 from .config import __version__, env_flag as _env_flag
 from .device import device
 from . import dynamic as _dynamic
@@ -51,7 +52,7 @@ if _env_flag("LAZYXLA_GC_FREEZE", True):
 __all__ = ["device", "sync", "mark_step", "wait_device_ops", "manual_seed", "dump_hlo", "graph_hash",
            "set_buffer_donation", "get_buffer_donation", "LazyTensor", "LazyXlaError", "ExecutionError",
            "debug", "__version__", "add_step_closure", "compile", "step", "data", "experimental",
-           "progress", "Graph", "graph", "make_graphed_callables", "mark_dynamic"]
+           "progress", "Graph", "graph", "make_graphed_callables", "mark_dynamic", "scan", "scan_layers"]
 
 
 def mark_dynamic(t, dim: int, max: int = None) -> None:  # noqa: A002 - torch's name

@@ -4,5 +4,4 @@ from lazyxla.experimental import eager_mode, is_eager_mode  # noqa: F401
 
 from ... import not_offered
 
-__getattr__ = not_offered(__name__, {"scan": "a Python loop (each iteration is recorded)",
-                                     "pallas_kernels": "none"})
+__getattr__ = not_offered(__name__, {"pallas_kernels": "none"})
