@@ -8,7 +8,9 @@ parameters (R9) and tupling the parameters at or above ``XLA_PARAMETER_WRAPPING_
 program text without compiling (R10). A failure names the graph's hash, its ops and the
 user's lines that recorded them (an ``ExecutionError``).
 
-May touch: the compile metrics (``CompileTime``, ``CreateCompileHandles``,
+May touch: the compile metrics (``CompileTime``, split into ``CompileTraceTime`` (the program
+function traced: lazyxla's lowerings), ``CompileLowerTime`` (JAX to MLIR) and
+``CompileBackendTime`` (XLA); ``CreateCompileHandles``,
 ``TensorsGraphSize``, ``InputOutputAliasCount``). Reads the wrapping threshold once.
 """
 from __future__ import annotations
@@ -86,14 +88,22 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
     t0 = metrics.now_ns()
     try:
         with tupled_parameters(wrap_allowed and len(args) >= WRAP_THRESHOLD):
-            compiled = jax.jit(fn, donate_argnums=donors).lower(*args).compile()
+            traced = jax.jit(fn, donate_argnums=donors).trace(*args)  # lazyxla's lowerings run here
+            t1 = metrics.now_ns()
+            lowered = traced.lower()                                  # JAX: the program as MLIR
+            t2 = metrics.now_ns()
+            compiled = lowered.compile()                              # XLA's passes and code generation
     except Exception as e:
         raise ExecutionError(describe_failure("compile", key_hex, graph, e)) from e
+    t3 = metrics.now_ns()
     mesh = _per_process_mesh()
     if mesh is not None:
         compiled = ProcessProgram(compiled, mesh)
     dt = metrics.now_ns() - t0
     metrics.metric_add("CompileTime", dt, "time")
+    metrics.metric_add("CompileTraceTime", t1 - t0, "time")
+    metrics.metric_add("CompileLowerTime", t2 - t1, "time")
+    metrics.metric_add("CompileBackendTime", t3 - t2, "time")
     metrics.counter_inc("CreateCompileHandles")
     metrics.metric_add("TensorsGraphSize", graph.n_ops)
     metrics.metric_add("InputOutputAliasCount", len(donors))

@@ -185,6 +185,7 @@ def _trace(fn, flat_init, init_spec, flat_xs, xs_spec, where, name):
     seed0 = rng.current()
     guard = executor.set_read_guard(refuse)
     mode = _Closures(carry_in + x_in)
+    born = [t._state.storage.version for t in carry_in + x_in]
     written = []
     try:
         with torch.no_grad(), mode:
@@ -198,6 +199,13 @@ def _trace(fn, flat_init, init_spec, flat_xs, xs_spec, where, name):
             if st.version != version:  # written by the trace: its value from before, and refused below
                 st.restore(ir, data)
                 written.append(t)
+    for k, (t, v) in enumerate(zip(carry_in + x_in, born)):
+        if t._state.storage.version != v:
+            what = f"carry leaf {k}" if k < nc else f"xs leaf {k - nc}"
+            raise LazyXlaError(f"lazyxla.scan: {name} writes in place to its input ({what}, {list(t.shape)}) (scan at "
+                               f"{_at(where)}): the write would not leave the loop; return the new value instead "
+                               f"(in scan_layers: a layer that updates its buffers, such as BatchNorm's running "
+                               f"statistics in training mode)")
     if written:
         t = written[0]
         raise LazyXlaError(f"lazyxla.scan: {name} writes in place to a tensor from outside the loop "

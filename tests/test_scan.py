@@ -142,6 +142,11 @@ def test_what_a_loop_cannot_hold_is_refused_at_the_users_line():
 
     with pytest.raises(LazyXlaError, match=r"writes in place to a tensor from outside the loop.*test_scan.py"):
         lazyxla.scan(writes, init, xs)
+    with pytest.raises(LazyXlaError, match=r"writes in place to its input \(xs leaf 0"):
+        lazyxla.scan(lambda c, x: (c + x.mul_(2), None), init, xs)
+    bns = [nn.BatchNorm1d(4).to(DEV) for _ in range(2)]  # training mode: running statistics written in place
+    with pytest.raises(LazyXlaError, match="BatchNorm's running statistics"):
+        lazyxla.scan_layers(bns, torch.ones(3, 4).to(DEV))
     with pytest.raises(ValueError, match="same leading size"):
         lazyxla.scan(lambda c, x: (c, None), init, (xs, torch.ones(2, 4).to(DEV)))
     with pytest.raises(ValueError, match="xs is empty"):

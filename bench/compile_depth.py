@@ -1,0 +1,71 @@
+"""Where a compile's time goes, by depth: HF GPT-2 from a config (width 128, batch 4 x 64
+tokens), AdamW, two training steps (the first makes the optimizer's state: two programs), each
+depth in a new process without a persistent cache.
+
+Per depth: programs compiled and their seconds, split as lazyxla's metrics split them:
+``CompileTraceTime`` (the program function traced: lazyxla's lowerings run as JAX traces them),
+``CompileLowerTime`` (JAX emits MLIR) and ``CompileBackendTime`` (XLA's passes and code
+generation); the largest program's share of the run's compile seconds (issue 33 asks for one
+program before the steady state: a share near 1).
+
+Usage: python bench/compile_depth.py [--depths 2,8,32]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def job(depth):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    import lazyxla
+    import lazyxla.debug.metrics as met
+
+    dev = lazyxla.device()
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=512, n_positions=64, n_embd=128, n_layer=depth, n_head=4)
+    model = GPT2LMHeadModel(cfg).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 512, (4, 64)).to(dev)
+    for _ in range(2):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        lazyxla.sync()
+    float(loss)
+
+    def secs(name):
+        d = met.metric_data(name)
+        return (d[1] / 1e9, [v / 1e9 for _, v in d[2]]) if d else (0.0, [])
+
+    total, each = secs("CompileTime")
+    print(json.dumps({"compiles": met.counter_value("UncachedCompile") or 0, "total": total,
+                      "largest": max(each) if each else 0.0, "trace": secs("CompileTraceTime")[0],
+                      "lower": secs("CompileLowerTime")[0], "backend": secs("CompileBackendTime")[0]}))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--depths", default="2,8,32")
+    p.add_argument("--job", type=int)
+    a = p.parse_args()
+    if a.job:
+        return job(a.job)
+    print(f"{'depth':>5} {'compiles':>8} {'compile s':>9} {'trace s':>8} {'MLIR s':>7} {'XLA s':>7} "
+          f"{'largest/all':>11}")
+    for depth in (int(d) for d in a.depths.split(",")):
+        r = subprocess.run([sys.executable, __file__, "--job", str(depth)], capture_output=True, text=True, check=True)
+        g = json.loads(r.stdout.strip().splitlines()[-1])
+        print(f"{depth:>5} {g['compiles']:>8} {g['total']:>9.2f} {g['trace']:>8.2f} {g['lower']:>7.2f} "
+              f"{g['backend']:>7.2f} {g['largest'] / g['total'] if g['total'] else 0:>11.2f}")
+
+
+if __name__ == "__main__":
+    main()
