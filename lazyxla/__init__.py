@@ -25,6 +25,7 @@ from . import kernels as _kernels
 from . import rng as _rng
 from . import storage as _storage
 from . import metrics as _metrics
+from . import optimizer_state as _optimizer_state
 from .closures import add_step_closure
 from .compiled_step import compile, step  # noqa: A004 - torch_xla's names; torch.compile is another thing
 from .replay import Graph, graph, make_graphed_callables
@@ -40,6 +41,7 @@ from .distributed import c10d as _c10d
 _kernels.register()
 _c10d.register()
 _autocast.register()
+_optimizer_state.install()
 debug.install()
 _events.subscribe(_closures.StepClosures())
 

@@ -470,9 +470,32 @@ def set_donation(state: TensorState, donate: bool) -> bool:
 STEP = 0  # moves on at the end of every step (``next_step``): an upload is "of this step" until then
 
 
+STEP_START = 0  # the newest state's id when this step began (``move_to_step_start``)
+
+
 def next_step() -> None:
-    global STEP
+    global STEP, STEP_START
     STEP += 1
+    STEP_START = _last_uid
+
+
+def move_to_step_start(states) -> None:
+    """Give these states (made during this step) the arena's places at the step's start, before
+    every other state made during it: the order they will have in every later step (a sync's
+    roots follow the arena; ``optimizer_state``)."""
+    uids = {s.uid for s in states if s.uid > STEP_START}
+    if not uids:
+        return
+    items = list(LIVE.items())
+    LIVE.clear()
+    for later in (False, True):
+        for uid, ref in items:
+            if uid not in uids and (uid > STEP_START) is later:
+                LIVE[uid] = ref
+        if not later:
+            for uid, ref in items:
+                if uid in uids:
+                    LIVE[uid] = ref
 
 
 def from_host(st: Storage, leaf) -> bool:

@@ -148,6 +148,11 @@ def wrap(x):
 _ROUTES: dict = {}  # id(op) -> (op, its schema facts, its handling of its own or None)
 
 
+def reroute(func) -> None:
+    """``func``'s route is found again at its next call (``ops.SPECIAL`` changed for it)."""
+    _ROUTES.pop(id(func), None)
+
+
 def _route(func):
     i = op_info(func)
     r = _ROUTES[id(func)] = (func, i, special_for(func, i))

@@ -1,0 +1,100 @@
+"""The optimizer's first step: its new state enters as data, so the first step is the steady one.
+
+A torch optimizer makes its state in its first step (Adam's ``exp_avg = zeros_like(p)``), so
+that step's program holds the state's factories where every later step's holds the state as
+parameters, and its new tensors come after the step's own in the arena (the roots' order, R3):
+two programs before the steady state, each as long to compile (torch_xla the same). Here, during
+a step of an optimizer some of whose parameters on the lazy device have no state yet:
+
+- ``zeros_like``, ``ones_like``, ``full_like`` (and ``zeros``/``ones``/``full`` aimed at the
+  device) make device data at once (the values uploaded, ``OptimizerStateAsData``), not IR;
+- after the step, the tensors of the new state take their place in the arena at the start of
+  the step (``storage.move_to_step_start``), where they will be in every later step.
+
+The first step's graph is then the steady step's graph: one program, found in the cache by the
+second step. Values are unchanged (the same zeros, the same updates). Off under SPMD, in a job
+of several processes and while a step is captured (the state's layout and bindings are those
+code paths' own), and with ``LAZYXLA_OPTIMIZER_STATE_AS_DATA=0``.
+
+May touch: ``ops.SPECIAL`` (during such a step only) and the arena's order (``storage``).
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from . import events, metrics, ops, storage
+from .config import env_flag
+from .tensor import LazyTensor, reroute
+from .xla import process_mesh, spmd
+
+ENABLED = env_flag("LAZYXLA_OPTIMIZER_STATE_AS_DATA", True)
+aten = torch.ops.aten
+
+# The factories an optimizer makes its state with: op -> the host tensor of the same value
+_HOST = {
+    aten.zeros_like.default: lambda a, kw: torch.zeros(a[0].shape, dtype=kw.get("dtype") or a[0].dtype),
+    aten.ones_like.default: lambda a, kw: torch.ones(a[0].shape, dtype=kw.get("dtype") or a[0].dtype),
+    aten.full_like.default: lambda a, kw: torch.full(a[0].shape, a[1], dtype=kw.get("dtype") or a[0].dtype),
+    aten.zeros.default: lambda a, kw: torch.zeros(a[0], dtype=kw.get("dtype") or torch.get_default_dtype()),
+    aten.ones.default: lambda a, kw: torch.ones(a[0], dtype=kw.get("dtype") or torch.get_default_dtype()),
+    aten.full.default: lambda a, kw: torch.full(a[0], a[1], dtype=kw.get("dtype") or torch.get_default_dtype()),
+}
+
+_settled: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # optimizer -> params counted when settled
+_active: list = []  # (optimizer, its parameters that had no state) while a first step runs
+
+
+def _as_data(func, info, args, kwargs):
+    metrics.counter_inc("OptimizerStateAsData")
+    return storage.upload(_HOST[func](args, kwargs))
+
+
+def _lazy_params(opt):
+    return [p for g in opt.param_groups for p in g["params"] if type(p) is LazyTensor]
+
+
+def _pre(opt, args, kwargs):
+    n = sum(len(g["params"]) for g in opt.param_groups)
+    if _settled.get(opt) == n or not ENABLED:
+        return
+    params = _lazy_params(opt)
+    fresh = [p for p in params if p.grad is not None and p not in opt.state]
+    if not fresh:
+        if opt.state:  # stepped before: what has no state now has no gradient (frozen)
+            _settled[opt] = n
+        return
+    _end()  # a step that raised left its factories patched
+    if spmd() or process_mesh() is not None or storage.upload_hook is not None:
+        return
+    _active.append((opt, fresh))
+    for f in _HOST:
+        ops.SPECIAL[f] = _as_data
+        reroute(f)
+
+
+def _end():
+    if _active:
+        _active.clear()
+        for f in _HOST:
+            ops.SPECIAL.pop(f, None)
+            reroute(f)
+
+
+def _post(opt, args, kwargs):
+    if not _active or _active[-1][0] is not opt:
+        return
+    _, fresh = _active[-1]
+    _end()
+    states = [t._state for p in fresh for t in opt.state.get(p, {}).values() if type(t) is LazyTensor]
+    storage.move_to_step_start(states)
+
+
+def install() -> None:
+    """Register the optimizer step hooks (once, by ``import lazyxla``); a sync ends a first step
+    that raised (``_end``)."""
+    register_optimizer_step_pre_hook(_pre)
+    register_optimizer_step_post_hook(_post)
+    events.AFTER_STEP.append(_end)

@@ -1,0 +1,75 @@
+"""The optimizer's first step is the steady one: its new state enters as data, at the step's
+start, so a training loop compiles one program before the steady state, not two."""
+import pytest
+import torch
+import torch.nn as nn
+
+import lazyxla
+from lazyxla import optimizer_state
+from lazyhelp import cnt
+
+DEV = lazyxla.device()
+pytestmark = pytest.mark.usefixtures("nothing_pending")
+
+
+def train(make_opt, width, steps=3, dev=DEV):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(width, 2 * width), nn.Tanh(), nn.Linear(2 * width, 3))
+    x, y = torch.randn(5, width), torch.randint(0, 3, (5,))
+    model = model.to(dev)
+    opt = make_opt(model.parameters())
+    losses, compiles = [], []
+    for _ in range(steps):
+        loss = nn.functional.cross_entropy(model(x.to(dev)), y.to(dev))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if dev == DEV:
+            lazyxla.sync()
+            compiles.append(cnt("UncachedCompile"))
+        losses.append(float(loss))
+    return losses, compiles, model
+
+
+@pytest.mark.parametrize("make,width", [
+    (lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1), 9),  # widths no other test compiles
+    (lambda p: torch.optim.Adam(p, lr=1e-2, foreach=False), 11),
+    (lambda p: torch.optim.Adamax(p, lr=1e-2), 13),
+    (lambda p: torch.optim.RMSprop(p, lr=1e-2), 15),
+], ids=["adamw", "adam-loop", "adamax", "rmsprop"])
+def test_the_first_steps_compile_one_program_and_train_like_eager(make, width):
+    before, made = cnt("UncachedCompile"), cnt("OptimizerStateAsData")
+    got, compiles, model = train(make, width)
+    want, _, ref = train(make, width, dev="cpu")
+    assert [c - before for c in compiles] == [1, 1, 1], compiles  # the first step's program is the steady one
+    assert cnt("OptimizerStateAsData") > made
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-6)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_off_it_compiles_two_and_the_values_are_the_same(monkeypatch):
+    monkeypatch.setattr(optimizer_state, "ENABLED", False)
+    make = lambda p: torch.optim.AdamW(p, lr=1e-2)  # noqa: E731
+    before = cnt("UncachedCompile")
+    off, compiles, _ = train(make, 31)
+    assert [c - before for c in compiles] == [1, 2, 2]  # torch_xla's count: the state's program, then the steady one
+    monkeypatch.setattr(optimizer_state, "ENABLED", True)
+    on, _, _ = train(make, 31)
+    assert on == off
+
+
+def test_a_first_step_that_raises_leaves_the_factories_recorded_again():
+    p = torch.nn.Parameter(torch.ones(4).to(DEV))
+    opt = torch.optim.Adam([p], lr=0.1)
+    p.grad = torch.ones(4).to(DEV)
+
+    def closure():
+        raise RuntimeError("a closure that fails")
+
+    with pytest.raises(RuntimeError, match="a closure that fails"):
+        opt.step(closure)
+    lazyxla.sync()
+    made = cnt("OptimizerStateAsData")
+    z = torch.zeros_like(p)
+    assert cnt("OptimizerStateAsData") == made and z.cpu().tolist() == [0.0] * 4
