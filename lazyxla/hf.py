@@ -48,10 +48,12 @@ from __future__ import annotations
 import weakref
 
 import torch
+import torch.nn.functional as F
 
 from . import dynamic, executor
 from .device import DEVICE
 from .errors import LazyXlaError
+from .tensor import LazyTensor
 
 # Logits processors that read neither the sequence nor the step: a replayed step computes
 # exactly what they compute (HF's sampling warpers).
@@ -76,15 +78,14 @@ def generate(model, input_ids, logits_processor=None, stopping_criteria=None, ge
                                        synced_gpus=synced_gpus, streamer=streamer, **model_kwargs)
     cfg = generation_config
     _check(model, cfg, model_kwargs, synced_gpus, streamer)
-    input_ids = input_ids.to(DEVICE)
     batch, prompt = input_ids.shape
     # what HF's generate prepared for this prompt (its padding mask and positions) as values,
     # answered on the host when it can be (host_reads): a new prompt length costs no program
     # for them, and the tensors HF keeps are device data, not pending IR
-    prepared = [model_kwargs.get(k) for k in ("attention_mask", "position_ids")]
-    prepared = [t.to(DEVICE) if isinstance(t, torch.Tensor) else None for t in prepared]
-    got = iter(executor.settle([t._state for t in (input_ids, *prepared) if t is not None]))
-    ids_h, mask_h, pos_h = [next(got) if t is not None else None for t in (input_ids, *prepared)]
+    given = [input_ids] + [model_kwargs.get(k) for k in ("attention_mask", "position_ids")]
+    lazy = [t for t in given if isinstance(t, LazyTensor)]
+    got = dict(zip(map(id, lazy), executor.settle([t._state for t in lazy])))
+    ids_h, mask_h, pos_h = [got.get(id(t), t) if isinstance(t, torch.Tensor) else None for t in given]
     executor.run_pending()  # anything else pending: a program of its own, not the prompt's
     dec = _decoder(model, cfg, list(logits_processor or ()), list(stopping_criteria or ()), model_kwargs,
                    batch, replay)
@@ -196,13 +197,13 @@ class _Decoder:
         to = dynamic.bucket(prompt) if self.padded else prompt
         kw = dict(model_kwargs)
         if prompt_mask is not None:
-            kw["attention_mask"] = _pad_end(prompt_mask, to, 1).to(DEVICE)
+            kw["attention_mask"] = F.pad(prompt_mask, (0, to - prompt), value=1).to(DEVICE)
         if positions is not None:
-            kw["position_ids"] = _pad_end(positions, to, 0).to(DEVICE)
+            kw["position_ids"] = F.pad(positions, (0, to - prompt), value=0).to(DEVICE)
         last = cur - 1
         if "logits_to_keep" in kw:  # HF's 1 (the last position) would be the padding's
             kw["logits_to_keep"] = last
-        ids = _pad_end(ids, to, self.pad_id).to(DEVICE)
+        ids = F.pad(ids, (0, to - prompt), value=self.pad_id).to(DEVICE)
         if cfg.prefill_chunk_size is not None:  # HF's chunks, each at its own shape
             outputs = self.model._prefill(ids, cfg, kw)
         else:  # HF's ``_prefill`` in one piece, on the emptied cache: nothing to slice off the
@@ -298,18 +299,10 @@ def _bucketed(model, cache, cfg):
     share its cache and programs (the cache's mask ends at the current position: the longer
     cache changes no token); otherwise HF's own."""
     from transformers import StaticCache
-    if not _pads(cache, cfg) or all(layer.max_cache_len == _total(cache, cfg) for layer in cache.layers):
+    total = _total(cache, cfg)
+    if not _pads(cache, cfg) or all(layer.max_cache_len == total for layer in cache.layers):
         return cache
-    return StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=_total(cache, cfg))
-
-
-def _pad_end(t, to, value):
-    """A host tensor ``[batch, n]`` padded with ``value`` at its end to ``[batch, to]``."""
-    if t.shape[1] == to:
-        return t
-    out = torch.full((t.shape[0], to), value, dtype=t.dtype)
-    out[:, :t.shape[1]] = t
-    return out
+    return StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=total)
 
 
 def _plain(v) -> bool:
@@ -330,8 +323,8 @@ def _kind(model, cfg, processors, criteria, model_kwargs, batch, replay):
     eos = tuple(eos.reshape(-1).tolist()) if eos is not None else None
     pad = int(cfg._pad_token_tensor) if cfg._pad_token_tensor is not None else None
     mask = model_kwargs.get("attention_mask")
-    return (layers, str(model.dtype), batch, _total(model_kwargs["cache"], cfg), mask is not None, cfg.do_sample, procs, crits, passed,
-            eos, pad, bool(cfg.return_dict_in_generate and cfg.output_scores),
+    return (layers, str(model.dtype), batch, _total(model_kwargs["cache"], cfg), mask is not None, cfg.do_sample,
+            procs, crits, passed, eos, pad, bool(cfg.return_dict_in_generate and cfg.output_scores),
             bool(cfg.return_dict_in_generate and cfg.output_logits), replay)
 
 

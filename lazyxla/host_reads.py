@@ -86,11 +86,16 @@ def answer(graph):
 
 
 _NUMBERS = ("number", "Scalar", "float", "int", "bool", "complex", "SymInt")
+_NUMBER_ARGS: dict = {}  # op -> (positions, names) of its arguments that are numbers, not tensors
 
 
-def _wants_number(arg) -> bool:
-    t = str(arg.type) if arg is not None else ""
-    return t.removeprefix("Optional[").removesuffix("]").rstrip("?") in _NUMBERS
+def _number_args(func):
+    got = _NUMBER_ARGS.get(func)
+    if got is None:
+        args = func._schema.arguments
+        want = [str(a.type).removeprefix("Optional[").removesuffix("]").rstrip("?") in _NUMBERS for a in args]
+        got = _NUMBER_ARGS[func] = ({i for i, w in enumerate(want) if w}, {a.name for a, w in zip(args, want) if w})
+    return got
 
 
 def _run(sig, vals):
@@ -101,11 +106,9 @@ def _run(sig, vals):
     kw = {k: (_CPU if k == "device" and v is not None else instantiate(v, vals)) for k, v in tkw}
     args = instantiate(targs, vals)
     # a Python scalar the trace made device data (R1.5) is a number again where ATen wants one
-    schema = sig.func._schema.arguments
-    args = [a.item() if isinstance(a, torch.Tensor) and i < len(schema) and _wants_number(schema[i]) else a
-            for i, a in enumerate(args)]
-    named = {a.name: a for a in schema}
-    kw = {k: (a.item() if isinstance(a, torch.Tensor) and _wants_number(named.get(k)) else a) for k, a in kw.items()}
+    at, names = _number_args(sig.func)
+    args = [a.item() if i in at and isinstance(a, torch.Tensor) else a for i, a in enumerate(args)]
+    kw = {k: (a.item() if k in names and isinstance(a, torch.Tensor) else a) for k, a in kw.items()}
     out = sig.func(*args, **kw)
     if any(isinstance(o, torch.Tensor) and o.device.type != "cpu" for o in (out if isinstance(out, (tuple, list))
                                                                            else (out,))):

@@ -44,7 +44,7 @@ _HOST = {
 }
 
 _settled: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # optimizer -> params counted when settled
-_active: list = []  # (optimizer, its parameters that had no state) while a first step runs
+_active = None  # (optimizer, its parameters that had no state) while a first step runs
 
 
 def _as_data(func, info, args, kwargs):
@@ -57,11 +57,11 @@ def _lazy_params(opt):
 
 
 def _pre(opt, args, kwargs):
+    global _active
     n = sum(len(g["params"]) for g in opt.param_groups)
-    if _settled.get(opt) == n or not ENABLED:
+    if not ENABLED or _settled.get(opt) == n:
         return
-    params = _lazy_params(opt)
-    fresh = [p for p in params if p.grad is not None and p not in opt.state]
+    fresh = [p for p in _lazy_params(opt) if p.grad is not None and p not in opt.state]
     if not fresh:
         if opt.state:  # stepped before: what has no state now has no gradient (frozen)
             _settled[opt] = n
@@ -69,27 +69,28 @@ def _pre(opt, args, kwargs):
     _end()  # a step that raised left its factories patched
     if spmd() or process_mesh() is not None or storage.upload_hook is not None:
         return
-    _active.append((opt, fresh))
+    _active = (opt, fresh)
     for f in _HOST:
         ops.SPECIAL[f] = _as_data
         reroute(f)
 
 
 def _end():
-    if _active:
-        _active.clear()
+    global _active
+    if _active is not None:
+        _active = None
         for f in _HOST:
             ops.SPECIAL.pop(f, None)
             reroute(f)
 
 
 def _post(opt, args, kwargs):
-    if not _active or _active[-1][0] is not opt:
+    if _active is None or _active[0] is not opt:
         return
-    _, fresh = _active[-1]
+    fresh = _active[1]
     _end()
-    states = [t._state for p in fresh for t in opt.state.get(p, {}).values() if type(t) is LazyTensor]
-    storage.move_to_step_start(states)
+    storage.move_to_step_start([t._state for p in fresh for t in opt.state.get(p, {}).values()
+                                if type(t) is LazyTensor])
 
 
 def install() -> None:

@@ -52,48 +52,41 @@ class Body:
     differentiable operands (``diff``) and outputs (``float_outs``). Hashed, inside the nodes'
     signatures, as the fold of its copied roots' hashes (``hash``)."""
 
-    _checks_info = ()  # (op, where, text, kind) of the body's value checks, from its last lowering
-
     def __lazyxla_encode__(self):
         return b"S" + self.hash
 
     def __repr__(self):
         return f"scan({self.name})#{self.hash.hex()[:8]}"
 
-    # -- the loop, on JAX values ------------------------------------------------------------
-    def loop(self, vals):
-        """``jax.lax.scan`` of the body over the operands: (carry..., ys..., [seed])."""
-        nc, nx = self.n_carry, self.n_x
+    def loop(self, vals, report=True):
+        """``jax.lax.scan`` of the body over the operands: (carry..., ys..., [seed]). The body's
+        value checks are reported once for the whole loop (any iteration's), unless ``report``
+        is false (the backward's loop: the forward node reports them)."""
+        nc, nx, ny = self.n_carry, self.n_x, len(self.y_metas)
         carry0, xs = tuple(vals[:nc]), tuple(vals[nc:nc + nx])
-        closures = tuple(vals[nc + nx:nc + nx + self.n_closure])
-        rest = vals[nc + nx + self.n_closure:]
-        seed0, consts = (tuple(rest[:1]), tuple(rest[1:])) if self.random else ((), tuple(rest))
-        ny = len(self.y_metas)
-        outer = _program._checks
+        rest = tuple(vals[nc + nx:])  # closures, [seed], constants
+        k = self.n_closure
+        closures, seed0, consts = rest[:k], rest[k:k + self.random], rest[k + self.random:]
+        was = _program._checks
+        outer = was if report else None
+        infos = []  # (op, where, text, kind) of each check, in the order of the rows
 
         def step(c, x):
-            carry, seed = c[:nc], c[nc:]
-            _program._checks = [] if outer is not None else None  # the body's value checks, per iteration
+            _program._checks = [] if outer is not None else None  # the body's own, per iteration
             try:
-                out = self.program(*carry, *x, *closures, *seed, *consts)
+                out = self.program(*c[:nc], *x, *closures, *c[nc:], *consts)
                 checks = _program._checks or []
             finally:
-                _program._checks = outer
+                _program._checks = was
+            infos[:] = [tuple(ck[2:]) for ck in checks]
             rows = tuple(jnp.stack([f.astype(jnp.int64), v.astype(jnp.int64)]) for f, v, *_ in checks)
-            self._keep_checks(checks)
             return tuple(out[:nc]) + tuple(out[nc + ny:]), (tuple(out[nc:nc + ny]), rows)
 
         c, (ys, rows) = jax.lax.scan(step, carry0 + seed0, xs)
-        if outer is not None:
-            for flag_value, info in zip(rows, self._checks_info):
-                flags, values = flag_value[:, 0], flag_value[:, 1]
-                first = jnp.argmax(flags != 0)
-                outer.append((jnp.any(flags != 0), values[first]) + info)
+        for flag_value, info in zip(rows, infos):
+            flags = flag_value[:, 0] != 0
+            outer.append((jnp.any(flags), flag_value[jnp.argmax(flags), 1]) + info)
         return tuple(c[:nc]) + tuple(ys) + tuple(c[nc:])
-
-    def _keep_checks(self, checks):
-        self._checks_info = tuple(tuple(ck[2:]) for ck in checks)
-
 
 
 def _lower_scan(sig, body, *vals):
@@ -108,12 +101,7 @@ def _lower_scan_vjp(sig, body, *vals):
         full = list(prim)
         for i, v in zip(body.diff, d):
             full[i] = v
-        outer = _program._checks
-        _program._checks = None  # the forward node reports its checks; not again here
-        try:
-            outs = body.loop(full)
-        finally:
-            _program._checks = outer
+        outs = body.loop(full, report=False)
         return tuple(outs[i] for i in body.float_outs)
 
     _, vjp = jax.vjp(forward, *[prim[i] for i in body.diff])
@@ -128,7 +116,7 @@ class _Closures(TorchFunctionMode):
     def __init__(self, inputs):
         super().__init__()
         self.made = {id(t) for t in inputs}
-        self.keep = list(inputs)
+        self.keep = list(inputs)  # every tensor counted in ``made``, alive: ids are not reused
         self.found = []
         self.versions = []
 
@@ -230,39 +218,32 @@ def _trace(fn, flat_init, init_spec, flat_xs, xs_spec, where, name):
     _check_leaves(flat_y, "the y fn returns", where)
     closures = list(mode.found)
     random = seed1 is not seed0
-    inputs = [t._state.value() for t in carry_in + x_in] + [t._state.value() for t in closures] + \
-        ([seed0] if random else [])
-    in_metas = metas_c + metas_x + [t._state.meta for t in closures] + ([seed0[0].sig.outs[seed0[1]]] if random else [])
+    seed_meta = [seed0[0].sig.outs[seed0[1]]] if random else []
+    closure_metas = [t._state.meta for t in closures]
+    inputs = [t._state.value() for t in carry_in + x_in + closures] + ([seed0] if random else [])
     roots = [t._state.value() for t in flat_c + flat_y] + ([seed1] if random else [])
-    placeholders, post, croots, consts = _copy(inputs, in_metas, roots)
+    placeholders, post, croots, consts = _copy(inputs, metas_c + metas_x + closure_metas + seed_meta, roots)
     b = Body()
     b.name = name
-    b.n_carry, b.n_x, b.n_closure, b.random = nc, nx, len(closures), random
-    b.consts, b.n_const = tuple(consts), len(consts)
-    b.carry_metas = metas_c
+    b.n_carry, b.n_x, b.n_closure, b.random = nc, nx, len(closures), int(random)
+    b.consts = tuple(consts)
     b.y_metas = [t._state.meta for t in flat_y]
     b.hash = fold(b"scan", bytes([nc % 256, nx % 256]), *[r.vh[i] for r, i in croots])
     b.program = build_program(placeholders + post, croots, placeholders, checked=False)
-    n = flat_xs[0].shape[0]
-    y_out = [_stacked_meta(m, n) for m in b.y_metas]
-    seed_meta = [seed1[0].sig.outs[seed1[1]]] if random else []
-    # the node's operands: the carry, xs, closures, [seed], constants
-    b.in_metas = [t._state.meta for t in flat_init] + [t._state.meta for t in flat_xs] + \
-        [t._state.meta for t in closures] + ([seed0[0].sig.outs[seed0[1]]] if random else []) + \
+    # the node's operands: the carry, xs (whole), closures, [seed], constants
+    b.in_metas = metas_c + [t._state.meta for t in flat_xs] + closure_metas + seed_meta + \
         [o.sig.outs[i] for o, i in consts]
-    outs = metas_c + y_out + seed_meta
+    outs = metas_c + [_stacked_meta(m, flat_xs[0].shape[0]) for m in b.y_metas]
     n_ops = len(b.in_metas)
-    b.sig = OpSig(SCAN_OP, None, _lower_scan, ((b,) + tuple(Slot(i) for i in range(n_ops)), ()), outs)
+    b.sig = OpSig(SCAN_OP, None, _lower_scan, ((b,) + tuple(Slot(i) for i in range(n_ops)), ()), outs + seed_meta)
     b.diff = tuple(i for i, m in enumerate(b.in_metas[:nc + nx + len(closures)]) if _is_float(m))
-    b.float_outs = tuple(i for i, m in enumerate(metas_c + y_out) if _is_float(m))
-    cot_metas = [(metas_c + y_out)[i] for i in b.float_outs]
+    b.float_outs = tuple(i for i, m in enumerate(outs) if _is_float(m))
     b.vjp_sig = OpSig(SCAN_VJP_OP, None, _lower_scan_vjp,
-                      ((b,) + tuple(Slot(i) for i in range(n_ops + len(cot_metas))), ()),
+                      ((b,) + tuple(Slot(i) for i in range(n_ops + len(b.float_outs))), ()),
                       [b.in_metas[i] for i in b.diff])
     b.spec_y = spec_y
     b.y_slots = [t is not None for t in leaves_y]
     return b, closures
-
 
 
 def _slice_meta(meta):

@@ -468,8 +468,6 @@ def set_donation(state: TensorState, donate: bool) -> bool:
 # ---------------------------------------------------------------------------------------
 # Device data.
 STEP = 0  # moves on at the end of every step (``next_step``): an upload is "of this step" until then
-
-
 STEP_START = 0  # the newest state's id when this step began (``move_to_step_start``)
 
 
@@ -487,15 +485,11 @@ def move_to_step_start(states) -> None:
     if not uids:
         return
     items = list(LIVE.items())
+    before = [it for it in items if it[0] <= STEP_START]
+    moved = [it for it in items if it[0] in uids]
+    after = [it for it in items if it[0] > STEP_START and it[0] not in uids]
     LIVE.clear()
-    for later in (False, True):
-        for uid, ref in items:
-            if uid not in uids and (uid > STEP_START) is later:
-                LIVE[uid] = ref
-        if not later:
-            for uid, ref in items:
-                if uid in uids:
-                    LIVE[uid] = ref
+    LIVE.update(before + moved + after)
 
 
 def from_host(st: Storage, leaf) -> bool:
