@@ -123,7 +123,7 @@ def test_mark_dynamic_sets_the_bound_and_a_larger_size_is_an_error():
 
 
 def test_a_read_of_data_the_host_just_sent_at_a_new_length_compiles_nothing_and_waits_for_nothing():
-    before, answered = cnt("UncachedCompile"), cnt("HostAnsweredRead")
+    before, answered = cnt("UncachedCompile") + cnt("CachedCompile"), cnt("HostAnsweredRead")
     for L in (5, 9, 12, 7):
         m = torch.ones(2, L, dtype=torch.long)
         m[1, -2:] = 0
@@ -131,11 +131,12 @@ def test_a_read_of_data_the_host_just_sent_at_a_new_length_compiles_nothing_and_
         assert bool(md.bool().all()) is False and bool((md[0] == 1).all()) is True  # transformers' check
         assert md.sum(1).tolist() == [L, L - 2]
         assert bool(md.bool().sum() == md.numel()) is False  # its fast_all: a number the trace made data
-    assert cnt("UncachedCompile") - before == 4        # the first length's four reads, as R5 says
+    assert cnt("UncachedCompile") + cnt("CachedCompile") - before == 4  # the first length's four reads (R5)
     assert cnt("HostAnsweredRead") - answered == 12    # every later length: on the host
     w = torch.ones(3).to(DEV) * 2   # computed on the device (a sync's program): a read of it runs one too
     lazyxla.sync()
-    assert float((w * 3).sum()) == 18.0 and cnt("UncachedCompile") - before == 6
+    assert float((w * 3).sum()) == 18.0   # lookups, not compiles: another test in this worker may have compiled these
+    assert cnt("UncachedCompile") + cnt("CachedCompile") - before == 6
 
 
 def test_a_read_then_a_sync_of_fixed_shapes_still_compiles_twice():
