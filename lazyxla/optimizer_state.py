@@ -9,7 +9,9 @@ a step of an optimizer some of whose parameters on the lazy device have no state
 - ``zeros_like``, ``ones_like``, ``full_like`` (and ``zeros``/``ones``/``full`` aimed at the
   device) make device data at once (the values uploaded, ``OptimizerStateAsData``), not IR;
 - after the step, the tensors of the new state take their place in the arena at the start of
-  the step (``storage.move_to_step_start``), where they will be in every later step.
+  the step (``storage.move_to_step_start``), where they will be in every later step;
+- state the optimizer made when it was built (Adagrad's ``sum``), still one of those factories
+  pending at its first step, takes its value as uploaded data then.
 
 The first step's graph is then the steady step's graph: one program, found in the cache by the
 second step. Values are unchanged (the same zeros, the same updates). Off under SPMD, in a job
@@ -27,8 +29,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from . import events, metrics, ops, storage
 from .config import env_flag
+from .lowering.program import instantiate
 from .tensor import LazyTensor, reroute
-from .xla import process_mesh, spmd
+from .xla import download, process_mesh, spmd
 
 ENABLED = env_flag("LAZYXLA_OPTIMIZER_STATE_AS_DATA", True)
 aten = torch.ops.aten
@@ -56,19 +59,54 @@ def _lazy_params(opt):
     return [p for g in opt.param_groups for p in g["params"] if type(p) is LazyTensor]
 
 
+def _settle_made_state(opt):
+    """State the optimizer made when it was built (Adagrad's ``sum = full_like(p, v)``), still a
+    pending factory at its first step, takes its value as uploaded data, as later steps see it."""
+    for p in _lazy_params(opt):
+        for t in opt.state.get(p, {}).values():
+            if type(t) is LazyTensor:
+                host = _factory_value(t._state)
+                if host is not None and storage.take_host(t._state, host):
+                    metrics.counter_inc("OptimizerStateAsData")
+
+
+def _factory_value(state):
+    """The host value of a tensor whose pending IR is one of ``_HOST``'s factories over device
+    data (only shapes, and 0-d numbers sent by the host), or None."""
+    st = state.storage
+    if state.chain is not None or st.data is not None or st.ir is None:
+        return None
+    node = st.ir[0]
+    f = getattr(node.sig, "func", None)
+    if f not in _HOST or not all(o.is_data for o, _ in node.operands):
+        return None
+    metas = [o.sig.outs[i] for o, i in node.operands]
+    scalars = iter(download([o.data for (o, _), m in zip(node.operands, metas) if m.shape == ()],
+                            [m.dtype for m in metas if m.shape == ()]))
+    vals = [next(scalars) if m.shape == () else torch.empty(m.shape, dtype=m.dtype, device="meta") for m in metas]
+    targs, tkw = node.sig.template
+    args = list(instantiate(targs, vals))
+    args[1:] = [a.item() if isinstance(a, torch.Tensor) else a for a in args[1:]]  # the fill value: a number
+    kw = {k: instantiate(v, vals) for k, v in tkw}
+    return _HOST[f](args, kw)
+
+
 def _pre(opt, args, kwargs):
     global _active
     n = sum(len(g["params"]) for g in opt.param_groups)
     if not ENABLED or _settled.get(opt) == n:
         return
+    if spmd() or process_mesh() is not None or storage.upload_hook is not None:
+        return
+    if opt not in _settled:
+        _settled[opt] = 0
+        _settle_made_state(opt)
     fresh = [p for p in _lazy_params(opt) if p.grad is not None and p not in opt.state]
     if not fresh:
         if opt.state:  # stepped before: what has no state now has no gradient (frozen)
             _settled[opt] = n
         return
     _end()  # a step that raised left its factories patched
-    if spmd() or process_mesh() is not None or storage.upload_hook is not None:
-        return
     _active = (opt, fresh)
     for f in _HOST:
         ops.SPECIAL[f] = _as_data

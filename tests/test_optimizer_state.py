@@ -36,7 +36,8 @@ def train(make_opt, width, steps=3, dev=DEV):
     (lambda p: torch.optim.Adam(p, lr=1e-2, foreach=False), 11),
     (lambda p: torch.optim.Adamax(p, lr=1e-2), 13),
     (lambda p: torch.optim.RMSprop(p, lr=1e-2), 15),
-], ids=["adamw", "adam-loop", "adamax", "rmsprop"])
+    (lambda p: torch.optim.Adagrad(p, lr=1e-1, initial_accumulator_value=0.3), 17),  # state made when built
+], ids=["adamw", "adam-loop", "adamax", "rmsprop", "adagrad"])
 def test_the_first_steps_compile_one_program_and_train_like_eager(make, width):
     before, made = cnt("UncachedCompile"), cnt("OptimizerStateAsData")
     got, compiles, model = train(make, width)
