@@ -229,6 +229,7 @@ def _trace(fn, flat_init, init_spec, flat_xs, xs_spec, where, name):
     b.consts = tuple(consts)
     b.y_metas = [t._state.meta for t in flat_y]
     b.hash = fold(b"scan", bytes([nc % 256, nx % 256]), *[r.vh[i] for r, i in croots])
+    b.roots = tuple(croots)  # the body's IR, for explanations (``debug.explain``)
     b.program = build_program(placeholders + post, croots, placeholders, checked=False)
     # the node's operands: the carry, xs (whole), closures, [seed], constants
     b.in_metas = metas_c + [t._state.meta for t in flat_xs] + closure_metas + seed_meta + \

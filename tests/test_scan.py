@@ -190,3 +190,49 @@ def test_a_scans_graph_hash_is_the_same_in_every_process():
         "print(json.dumps([lazyxla.graph_hash([c, ys]), c.sum().item()]))\n")
     a, b = json_runs(script, times=2)
     assert a == b and isinstance(a[0], str) and len(a[0]) == 32
+
+
+def test_a_second_process_loads_the_scanned_training_step_from_the_persistent_cache(tmp_path):
+    import os
+    import subprocess
+    import sys
+    script = (
+        "import torch, torch.nn as nn, lazyxla, lazyxla.debug.metrics as met\n"
+        "d = lazyxla.device()\n"
+        "torch.manual_seed(0)\n"
+        "layers = nn.ModuleList([nn.Sequential(nn.Linear(6, 6), nn.Tanh()) for _ in range(3)]).to(d)\n"
+        "opt = torch.optim.AdamW(layers.parameters(), lr=1e-2)\n"
+        "x = torch.randn(4, 6).to(d)\n"
+        "for _ in range(3):\n"
+        "    loss = lazyxla.scan_layers(layers, x).pow(2).mean()\n"
+        "    loss.backward(); opt.step(); opt.zero_grad(); lazyxla.sync()\n"
+        "c = lambda k: met.counter_value(k) or 0\n"
+        "print(round(float(loss), 7), c('UncachedCompile'), c('PersistentCacheHit'), c('PersistentCacheMiss'))\n")
+    env = dict(os.environ, XLA_PERSISTENT_CACHE_PATH=str(tmp_path))
+    outs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+            for _ in range(2)]
+    assert all(r.returncode == 0 for r in outs), outs[-1].stderr[-2000:]
+    first, second = (r.stdout.split() for r in outs)
+    assert first[0] == second[0]                            # the same loss after 3 steps
+    assert int(first[1]) >= 1 and int(first[3]) == int(first[1])
+    assert second[1] == "0" and second[2] == first[3]       # every program loaded, none compiled
+
+
+def test_a_recompile_explains_what_changed_inside_the_loop_body_at_its_line():
+    import inspect
+    import lazyxla.debug as dbg
+    w = torch.ones(3, 3).to(DEV)
+
+    def body(act):
+        def fn(c, x):
+            return act(c @ w + x), c.sum()  # the line the explanation names
+        return fn
+
+    for act in (torch.tanh, torch.sigmoid):
+        c, ys = lazyxla.scan(body(act), torch.zeros(3).to(DEV), torch.ones(7, 3).to(DEV))
+        lazyxla.sync()
+    text = dbg.recompile_log()[-1].text
+    line = inspect.getsourcelines(body)[1] + 2
+    assert "inside the loop body of lazyxla::scan" in text, text
+    assert "aten::sigmoid -> [f32[3]], before aten::tanh -> [f32[3]]" in text, text
+    assert f"first difference at test_scan.py:{line}" in text, text

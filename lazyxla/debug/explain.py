@@ -26,7 +26,7 @@ from .. import persistent_cache
 from ..config import env_flag
 from ..dynamic import describe
 from ..graph_hash import SITES, FoldTrace, Step
-from ..ir import fmt_where, post_order
+from ..ir import fmt_where, post_order, skeleton
 
 EXPLAIN = env_flag("LAZYXLA_EXPLAIN_RECOMPILES", False)
 
@@ -262,8 +262,11 @@ def _first_tensor_difference(new_steps, old_steps):
         if a.ingredient != b.ingredient:
             uid, (ra, ia) = a.detail
             _, (rb, ib) = b.detail
-            node_a, node_b, user = _first_difference(ra, rb)
+            node_a, node_b, user, loop = _first_difference(ra, rb)
             what = _describe_difference(node_a, node_b)
+            if loop is not None:
+                what = f"inside the loop body of {loop.op}" + \
+                    (f" (recorded at {fmt_where(loop.where)})" if loop.where else "") + f": {what}"
             w = user.where if user is not None else None
             loc = f" at {fmt_where(w)}" if w else ""
             root = f"pending tensor #{i + 1} ({ra.op} -> {ra.outs[ia]!r}"
@@ -291,18 +294,38 @@ def _first_tensor_difference(new_steps, old_steps):
 
 def _first_difference(a, b):
     """Walk two differing IRs from the root down to the deepest first node that differs,
-    following operands while the nodes are the same op; also return the nearest node on
-    the way that knows the user's line."""
+    following operands while the nodes are the same op, and into a loop's body when two loops
+    differ only there; also return the nearest node on the way that knows the user's line and
+    the innermost loop entered (or None)."""
     user = a if a.where else None
+    loop = None
     while True:
         if a.op != b.op or len(a.operands) != len(b.operands):
-            return a, b, user
+            return a, b, user, loop
         nxt = _first_differing_operand(a, b)
-        if nxt is None:  # the node itself differs (its output or its parameters)
-            return a, b, user
+        if nxt is None:  # the node itself differs (its output, its parameters or its loop body)
+            nxt = _first_differing_body_root(a, b)
+            if nxt is None:
+                return a, b, user, loop
+            loop = a
         a, b = nxt
         if a.where:
             user = a
+
+
+def _body_roots(n):
+    """The roots of a loop node's traced body (``lazyxla::scan``'s first parameter), or None."""
+    if n.is_data or not n.params or not n.params[0]:
+        return None
+    return getattr(n.params[0][0], "roots", None)
+
+
+def _first_differing_body_root(a, b):
+    ra, rb = _body_roots(a), _body_roots(b)
+    if not ra or not rb or len(ra) != len(rb) or a.outs != b.outs:
+        return None
+    pair = next(((x, y) for x, y in zip(ra, rb) if x[0].hash != y[0].hash), None)
+    return None if pair is None else (skeleton(pair[0])[0], skeleton(pair[1])[0])
 
 
 def _first_differing_operand(a, b):
