@@ -1,6 +1,7 @@
 """Where a compile's time goes, by depth: HF GPT-2 from a config (width 128, batch 4 x 64
-tokens), AdamW, two training steps (the first makes the optimizer's state: two programs), each
-depth in a new process without a persistent cache.
+tokens), AdamW, two training steps (the first makes the optimizer's state: one program since
+``optimizer_state``, two with ``LAZYXLA_OPTIMIZER_STATE_AS_DATA=0``), each depth in a new
+process without a persistent cache.
 
 Per depth: programs compiled and their seconds, split as lazyxla's metrics split them:
 ``CompileTraceTime`` (the program function traced: lazyxla's lowerings run as JAX traces them),
@@ -8,7 +9,11 @@ Per depth: programs compiled and their seconds, split as lazyxla's metrics split
 generation); the largest program's share of the run's compile seconds (issue 33 asks for one
 program before the steady state: a share near 1).
 
-Usage: python bench/compile_depth.py [--depths 2,8,32]
+``--flags`` runs each depth once per ``XLA_FLAGS`` value (``;`` between values, an empty value
+is XLA's defaults) and adds a warm step's ms, so an option that shortens XLA:CPU's compile is
+seen beside what it does to the step.
+
+Usage: python bench/compile_depth.py [--depths 2,8,32] [--flags ";--xla_backend_optimization_level=0"]
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -33,13 +39,23 @@ def job(depth):
     model = GPT2LMHeadModel(cfg).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, 512, (4, 64)).to(dev)
-    for _ in range(2):
+    def step():
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
         opt.zero_grad()
         lazyxla.sync()
+        return loss
+
+    for _ in range(2):
+        loss = step()
     float(loss)
+    lazyxla.wait_device_ops()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        step()
+    lazyxla.wait_device_ops()
+    warm_ms = (time.perf_counter() - t0) / 3 * 1e3
 
     def secs(name):
         d = met.metric_data(name)
@@ -48,23 +64,30 @@ def job(depth):
     total, each = secs("CompileTime")
     print(json.dumps({"compiles": met.counter_value("UncachedCompile") or 0, "total": total,
                       "largest": max(each) if each else 0.0, "trace": secs("CompileTraceTime")[0],
-                      "lower": secs("CompileLowerTime")[0], "backend": secs("CompileBackendTime")[0]}))
+                      "lower": secs("CompileLowerTime")[0], "backend": secs("CompileBackendTime")[0],
+                      "warm_ms": warm_ms}))
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--depths", default="2,8,32")
     p.add_argument("--job", type=int)
+    p.add_argument("--flags", default=None, help="XLA_FLAGS values to compare, ';' between them")
     a = p.parse_args()
     if a.job:
         return job(a.job)
+    variants = a.flags.split(";") if a.flags is not None else [None]
     print(f"{'depth':>5} {'compiles':>8} {'compile s':>9} {'trace s':>8} {'MLIR s':>7} {'XLA s':>7} "
-          f"{'largest/all':>11}")
+          f"{'largest/all':>11} {'warm ms':>8}" + ("  XLA_FLAGS" if a.flags is not None else ""))
     for depth in (int(d) for d in a.depths.split(",")):
-        r = subprocess.run([sys.executable, __file__, "--job", str(depth)], capture_output=True, text=True, check=True)
-        g = json.loads(r.stdout.strip().splitlines()[-1])
-        print(f"{depth:>5} {g['compiles']:>8} {g['total']:>9.2f} {g['trace']:>8.2f} {g['lower']:>7.2f} "
-              f"{g['backend']:>7.2f} {g['largest'] / g['total'] if g['total'] else 0:>11.2f}")
+        for flags in variants:
+            env = dict(os.environ) if flags is None else dict(os.environ, XLA_FLAGS=flags)
+            r = subprocess.run([sys.executable, __file__, "--job", str(depth)], capture_output=True, text=True,
+                               check=True, env=env)
+            g = json.loads(r.stdout.strip().splitlines()[-1])
+            print(f"{depth:>5} {g['compiles']:>8} {g['total']:>9.2f} {g['trace']:>8.2f} {g['lower']:>7.2f} "
+                  f"{g['backend']:>7.2f} {g['largest'] / g['total'] if g['total'] else 0:>11.2f} "
+                  f"{g['warm_ms']:>8.1f}" + (f"  {flags or '(defaults)'}" if flags is not None else ""))
 
 
 if __name__ == "__main__":
