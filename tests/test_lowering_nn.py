@@ -137,6 +137,11 @@ CONV_CASES = [
     ((2, 4, 4, 5), (4, 3, 3, 2), [2, 3], [0, 1], [2, 1], True, [1, 2], 2),
     ((1, 2, 7), (2, 3, 5), [1], [3], [1], True, [0], 1),
     ((1, 3, 4, 4), (3, 2, 1, 1), [1, 1], [0, 0], [1, 1], True, [0, 0], 1),
+    # many channels on a small map: a dot over patches (conv._PATCHES)
+    ((2, 128, 3, 3), (8, 128, 3, 3), [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+    ((2, 120, 5, 6), (4, 120, 3, 3), [2, 1], [1, 0], [1, 1], False, [0, 0], 1),
+    ((1, 128, 1, 1), (3, 128, 3, 3), [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+    ((2, 5, 6, 6), (7, 5, 1, 1), [2, 2], [0, 0], [1, 1], False, [0, 0], 1),
 ]
 
 
@@ -720,3 +725,14 @@ def test_device_cdist_backward_matches_eager_with_a_zero_distance(p):
     assert cnt("aten::_cdist_backward") == before
     _close(l1.grad, x1.grad)
     _close(l2.grad, x2.grad)
+
+
+def test_many_channels_on_a_small_map_are_a_dot_and_a_large_map_stays_a_convolution():
+    import lazyxla
+    dev = lazyxla.device()
+    small = torch.nn.functional.conv2d(rnd(2, 256, 4, 4).to(dev), rnd(16, 256, 3, 3, seed=1).to(dev), padding=1)
+    large = torch.nn.functional.conv2d(rnd(2, 8, 16, 16).to(dev), rnd(16, 8, 3, 3, seed=1).to(dev), padding=1)
+    assert "convolution" not in lazyxla.dump_hlo([small]) and "dot" in lazyxla.dump_hlo([small])
+    assert "convolution" in lazyxla.dump_hlo([large])
+    torch.testing.assert_close(small.cpu(), torch.nn.functional.conv2d(rnd(2, 256, 4, 4), rnd(16, 256, 3, 3, seed=1),
+                                                                      padding=1), rtol=1e-4, atol=1e-4)
