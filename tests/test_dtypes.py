@@ -477,3 +477,14 @@ def test_bit_shifts(dt):
                     "bitwise_right_shift": torch.bitwise_right_shift}.items():
         assert torch.equal(f(la, ls).cpu(), f(a, s)), name
         assert torch.equal(f(la, 2).cpu(), f(a, 2)), f"{name} 2"
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=NAMES.get)
+def test_float_to_the_powers_pytorch_computes_by_products_is_eagers_exactly(dt):
+    """gelu_new's x ** 3.0: PyTorch's CPU kernel multiplies (2, 3, -1, -2); so does the lowering
+    (XLA's general power is slower and differs in the last bit)."""
+    torch.manual_seed(0)
+    x = (torch.randn(500) * 3).to(dt)
+    for e in (2, 3, 2.0, 3.0, -1, -2):
+        got, want = (x.to(DEV) ** e).cpu(), x ** e
+        assert torch.equal(got, want), (e, (got.float() - want.float()).abs().max())
