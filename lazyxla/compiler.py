@@ -11,9 +11,15 @@ user's lines that recorded them (an ``ExecutionError``).
 May touch: the compile metrics (``CompileTime``, split into ``CompileTraceTime`` (the program
 function traced: lazyxla's lowerings), ``CompileLowerTime`` (JAX to MLIR) and
 ``CompileBackendTime`` (XLA); ``CreateCompileHandles``,
-``TensorsGraphSize``, ``InputOutputAliasCount``). Reads the wrapping threshold once.
+``TensorsGraphSize``, ``InputOutputAliasCount``). Reads the wrapping threshold once. After a
+compile, gives the heap the compiler freed back to the system (glibc's ``malloc_trim``).
 """
 from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import sys
 
 import jax
 
@@ -80,6 +86,29 @@ class ProcessProgram:
         return getattr(self.compiled, name)
 
 
+def _libc_trim():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to give back this way
+        return None
+
+
+_TRIM = _libc_trim() if sys.platform.startswith("linux") else None
+_COLLECT_AFTER_NS = 2 * 10**9
+
+
+def _give_back_freed_memory(compile_ns):
+    """Return the heap the compile used and freed to the system (glibc keeps it otherwise), so
+    the program's buffers reuse those pages instead of adding to them: ResNet-18's training
+    step peaked at 1225 MB resident, 1104 MB with the trim, 1039 MB with the trace's cycles
+    collected first. Collecting costs up to a second in a large heap: only after a compile
+    that took longer (``_COLLECT_AFTER_NS``)."""
+    if compile_ns > _COLLECT_AFTER_NS:
+        gc.collect()
+    if _TRIM is not None:
+        _TRIM(0)
+
+
 def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
     """The compiled program (a ``jax.stages.Compiled``, or a ``ProcessProgram`` around one in a
     job of several processes), what compiling it cost (ns), and its value checks (one more
@@ -96,6 +125,8 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
     except Exception as e:
         raise ExecutionError(describe_failure("compile", key_hex, graph, e)) from e
     t3 = metrics.now_ns()
+    del traced, lowered
+    _give_back_freed_memory(t3 - t0)
     mesh = _per_process_mesh()
     if mesh is not None:
         compiled = ProcessProgram(compiled, mesh)
