@@ -53,7 +53,7 @@ import torch.nn as nn
 import torch.optim.optimizer as _optim
 from torch.utils import _pytree as pytree
 
-from . import closures, eager, events, executor, hf_masks, metrics, rng, storage
+from . import closures, eager, events, executor, metrics, rng, storage
 from .debug.explain import explain
 from .errors import LazyXlaError
 from .execution import Completion, ExecutionError, Placeholder, resolve, run
@@ -224,7 +224,6 @@ class _Capture:
                       nn.modules.module.register_module_forward_pre_hook(self._on_module_call)]
         self.opt_state = {}     # id(optimizer) -> its state's keys per parameter, before its step
         self.queued = closures.take_closures()  # none, after the sync; kept apart from the step's own
-        hf_masks.enter()
         _ACTIVE = self
 
     # -- what the hooks see -----------------------------------------------------------------
@@ -283,7 +282,6 @@ class _Capture:
             h.remove()
         executor.set_capture_guard(self.old_guard)
         storage.upload_hook = self.old_upload_hook
-        hf_masks.leave()
         _ACTIVE = None
 
     def _restore(self, pending_storages, new_value):
