@@ -8,9 +8,9 @@ inputs), made only of ATen ops that are not random, and of a structure whose siz
 before with other sizes: ``dynamic.observe``; it would compile again for every size), runs
 in PyTorch eager on copies of those inputs, and the read returns its values: no compile, no
 wait for the device, the same values (PyTorch's own kernels, on the values the device holds).
-transformers reads ``padding_mask.all()`` in every forward, from the attention mask the batch
-just uploaded, at every padded length: this is what answers it. A read of fixed shapes keeps
-R5 exactly (its own program, compiled once, under its own key).
+Such reads: a check of a batch's attention mask at every padded length (transformers' own
+``padding_mask.all()`` no longer reads from lazy tensors: ``hf_masks``). A read of fixed shapes
+keeps R5 exactly (its own program, compiled once, under its own key).
 
 ``answer(graph)`` returns one CPU tensor per root, or None when the read needs the device.
 ``LAZYXLA_HOST_READS=0`` turns it off. Counts ``HostAnsweredRead``.
