@@ -7,7 +7,7 @@ paths give the same attention values (a mask of all-visible positions masks noth
 lazy device that read is a value read in every forward: a small program the step waits for
 (and in a captured step, a refusal). So, for a lazy tensor, the name ``is_tracing`` in
 ``transformers.masking_utils`` answers True: the mask is built in the step's own program, no
-value is read, and HF models (GPT-2, BERT, Llama) replay unchanged. Every other tensor gets
+value is read, and HF models (GPT-2 and BERT, tested) replay unchanged. Every other tensor gets
 transformers' own answer. ``LAZYXLA_HF_MASKS_TRACED=0`` leaves transformers as it is.
 
 May touch: ``transformers.masking_utils.is_tracing`` (wrapped once, when that module is

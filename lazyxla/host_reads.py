@@ -77,7 +77,7 @@ def answer(graph):
     try:
         for n in ops:
             vals = [env[id(o)][i] for o, i in n.operands]
-            env[id(n)] = _run(n.sig, vals)
+            env[id(n)] = run_op(n.sig, vals)
     except Exception:  # noqa: BLE001 - whatever eager refuses, the program does (with its own error)
         return None
     metrics.counter_inc("HostAnsweredRead")
@@ -98,7 +98,9 @@ def _number_args(func):
     return got
 
 
-def _run(sig, vals):
+def run_op(sig, vals):
+    """One recorded op run in PyTorch eager on CPU tensors (its operands' values, in order):
+    its outputs, checked against the recorded shapes and dtypes (a ValueError otherwise)."""
     if sig.op == "lazyxla::convert":
         m = sig.outs[0]
         return (vals[0].to(m.dtype).expand(m.shape).clone(),)

@@ -29,7 +29,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from . import events, metrics, ops, storage
 from .config import env_flag
-from .lowering.program import instantiate
+from .host_reads import run_op
 from .tensor import LazyTensor, reroute
 from .xla import download, process_mesh, spmd
 
@@ -72,23 +72,18 @@ def _settle_made_state(opt):
 
 def _factory_value(state):
     """The host value of a tensor whose pending IR is one of ``_HOST``'s factories over device
-    data (only shapes, and 0-d numbers sent by the host), or None."""
+    data (a shape to copy, and numbers the host sent), or None."""
     st = state.storage
     if state.chain is not None or st.data is not None or st.ir is None:
         return None
     node = st.ir[0]
-    f = getattr(node.sig, "func", None)
-    if f not in _HOST or not all(o.is_data for o, _ in node.operands):
+    if getattr(node.sig, "func", None) not in _HOST or not all(o.is_data for o, _ in node.operands):
         return None
     metas = [o.sig.outs[i] for o, i in node.operands]
-    scalars = iter(download([o.data for (o, _), m in zip(node.operands, metas) if m.shape == ()],
+    numbers = iter(download([o.data for (o, _), m in zip(node.operands, metas) if m.shape == ()],
                             [m.dtype for m in metas if m.shape == ()]))
-    vals = [next(scalars) if m.shape == () else torch.empty(m.shape, dtype=m.dtype, device="meta") for m in metas]
-    targs, tkw = node.sig.template
-    args = list(instantiate(targs, vals))
-    args[1:] = [a.item() if isinstance(a, torch.Tensor) else a for a in args[1:]]  # the fill value: a number
-    kw = {k: instantiate(v, vals) for k, v in tkw}
-    return _HOST[f](args, kw)
+    vals = [next(numbers) if m.shape == () else torch.empty(m.shape, dtype=m.dtype) for m in metas]
+    return run_op(node.sig, vals)[0]
 
 
 def _pre(opt, args, kwargs):
