@@ -7,7 +7,7 @@
    steps, and their ratio. The padded step does the bound's work (``bound / length`` of the
    exact one's) plus the padding of its inputs and the cut of its outputs.
 2. ``trainer`` (``--trainer``): ``tests/hf_scripts/padded_trainer.py`` (HF Trainer, tiny BERT,
-   DataCollatorWithPadding to the longest) in new processes: eager, lazyxla with
+   DataCollatorWithPadding to the longest; 24 steps, then 80) in new processes: eager, lazyxla with
    ``LAZYXLA_DYNAMIC_BUCKETS=off`` (one program per length, as torch_xla) and lazyxla: programs
    compiled, seconds of the training loop, losses' largest relative difference from eager.
 3. ``generate`` (``--generate``): ``lazyxla.hf.generate`` (a 2-layer Llama from a config,
@@ -99,19 +99,23 @@ def trainer_bench():
     sys.path.insert(0, HERE)
     from hf_trainer import run_script
     script = os.path.join(HERE, "..", "tests", "hf_scripts", "padded_trainer.py")
-    rows = {}
-    for name, cmd, env in (("eager", [sys.executable, script], {}),
-                           ("lazyxla, one program per length", [sys.executable, "-m", "lazyxla", "run", script],
-                            {"LAZYXLA_DYNAMIC_BUCKETS": "off"}),
-                           ("lazyxla", [sys.executable, "-m", "lazyxla", "run", script], {})):
-        rows[name] = run_script(cmd, dict(os.environ, TOKENIZERS_PARALLELISM="false", **env))
-    e = rows["eager"]["losses"]
-    print(f"HF Trainer, tiny BERT, pad to the longest: {len(e)} steps, {len(rows['eager']['lengths'])} lengths")
-    print(f"{'run':<34} {'compiles':>8} {'train s':>8} {'wall s':>7} {'max rel. loss diff':>19}")
-    for name, r in rows.items():
-        diff = max(abs(r["losses"][k] - v) / abs(v) for k, v in e.items())
-        print(f"{name:<34} {str(r['compiles'] if r['compiles'] is not None else '-'):>8} "
-              f"{r['train_seconds']:>8.1f} {r['wall']:>7.1f} {diff:>19.2e}")
+    for sentences, off in (("96", True), ("320", False)):  # 24 and 80 steps; one program per length: 24 only
+        rows = {}
+        for name, cmd, env in (("eager", [sys.executable, script], {}),
+                               ("lazyxla, one program per length", [sys.executable, "-m", "lazyxla", "run", script],
+                                {"LAZYXLA_DYNAMIC_BUCKETS": "off"}),
+                               ("lazyxla", [sys.executable, "-m", "lazyxla", "run", script], {})):
+            if env and not off:
+                continue
+            rows[name] = run_script(cmd, dict(os.environ, TOKENIZERS_PARALLELISM="false", SENTENCES=sentences,
+                                              **env))
+        e = rows["eager"]["losses"]
+        print(f"HF Trainer, tiny BERT, pad to the longest: {len(e)} steps, {len(rows['eager']['lengths'])} lengths")
+        print(f"{'run':<34} {'compiles':>8} {'train s':>8} {'wall s':>7} {'max rel. loss diff':>19}")
+        for name, r in rows.items():
+            diff = max(abs(r["losses"][k] - v) / abs(v) for k, v in e.items())
+            print(f"{name:<34} {str(r['compiles'] if r['compiles'] is not None else '-'):>8} "
+                  f"{r['train_seconds']:>8.1f} {r['wall']:>7.1f} {diff:>19.2e}")
 
 
 def generate_job(lengths):

@@ -24,7 +24,8 @@ its outputs come back to their real shapes.
 Bounds: ``LAZYXLA_DYNAMIC_BUCKETS``: unset or ``pow2`` (the next power of two, at least 8), a
 list ``16,32,64`` (the smallest listed that holds the size; beyond it powers of two), or ``off``
 (one program per shape, as torch_xla). ``mark`` (``lazyxla.mark_dynamic(t, dim, max=)``) sets
-one input dimension's bound.
+one input dimension's bound. A size whose own bound has no program yet runs in the smallest
+compiled program of larger bounds until its padding there has cost about a compile (``Rent``).
 
 May touch: its own tables (families by structure, marks), the ``DynamicShape*`` counters and
 the ``events.DYNAMIC`` subscribers. Knows nothing about torch ops beyond the rule table.
@@ -199,7 +200,7 @@ class Var:
 
 
 class Family:
-    __slots__ = ("samples", "vars", "table", "refused", "bounds")
+    __slots__ = ("samples", "vars", "table", "refused", "bounds", "programs", "rents")
 
     def __init__(self):
         self.samples = []       # integer vectors seen, newest last
@@ -207,6 +208,8 @@ class Family:
         self.table = {}         # position -> (variable index, a, b); absent: the integer is constant
         self.refused = None     # a Refusal: this structure stays exact-shape
         self.bounds = {}        # variable index -> the largest bound compiled so far
+        self.programs = {}      # bounds (a tuple, one per variable) -> Cost of its padded program
+        self.rents = {}         # bounds without a program of their own -> Rent paid in a larger one
 
     def remember(self, ints):
         """Keep an integer vector (the last ``MAX_SAMPLES`` distinct ones)."""
@@ -309,7 +312,7 @@ class Plan:
     dimension of the exact graph's parameter ``i``, or None; or ``("size", value)``), ``shapes``
     (per output: its real shape, or None when not padded, or how merged dimensions are cut),
     ``summary`` (the variables, sizes and bounds, in words)."""
-    __slots__ = ("graph", "sources", "shapes", "summary", "family")
+    __slots__ = ("graph", "sources", "shapes", "summary", "family", "bounds", "rent")
 
     def donors(self, donors) -> tuple:
         """The padded graph's donated parameters: the exact graph's ``donors``, where they went
@@ -362,11 +365,16 @@ def plan(graph, collect_graph):
             owner = graph.params[st.leaf_dims[p][0]].owner
             if owner is not None and owner() is not None and owner().donate:
                 return None
-    bounds = []
-    for i, (v, s) in enumerate(zip(fam.vars, sizes)):
+    bounds, marked = [], False
+    for v, s in zip(fam.vars, sizes):
         mark = _var_mark(graph, st, v)
-        b = bucket(s, mark if mark is not None and mark >= s else None)
-        bounds.append(b)
+        marked |= mark is not None
+        bounds.append(bucket(s, mark if mark is not None and mark >= s else None))
+    own = tuple(bounds)
+    rent = None if marked else _rent(fam, own, sizes)
+    if rent is not None:  # run in a larger bound's program while its padding costs less than a compile
+        bounds = list(rent.host)
+    for i, (v, s, b) in enumerate(zip(fam.vars, sizes, bounds)):
         old = fam.bounds.get(i)
         if old is not None and b > old:
             metrics.counter_inc("DynamicShapeBoundGrow")
@@ -379,9 +387,85 @@ def plan(graph, collect_graph):
         return None
     for i, b in enumerate(bounds):
         fam.bounds[i] = max(b, fam.bounds.get(i, 0))
-    got.family = fam
+    got.family, got.bounds, got.rent = fam, tuple(bounds), rent
     got.summary = "; ".join(f"{v.label}: size {s}, bound {b}" for v, s, b in zip(fam.vars, sizes, bounds))
+    if rent is not None:
+        got.summary += f" (its own bound would be {', '.join(map(str, own))}: not compiled yet)"
     return got
+
+
+# ---------------------------------------------------------------------------------------
+# Which bound's program a size runs in: its own bound's, or (rent) a larger one already compiled.
+# Ski rental: a size whose own bound has no program yet runs in the smallest compiled program
+# whose bounds hold it, and each of those runs pays the padding it adds (the larger program's
+# measured execute time times the share of its work that is padding for this size). When what
+# was paid reaches the larger program's compile time, the size's own bound is compiled. So the
+# padding never costs more than about one compile, and a size seen a few times costs none.
+UNKNOWN_COMPILE_S = 1.0  # a program loaded from the persistent cache: its compile time not measured
+
+
+class Cost:
+    """One padded program of a family: its compile seconds, its latest run's execute seconds."""
+    __slots__ = ("compile_s", "last", "exec_s")
+
+    def __init__(self, compile_s):
+        self.compile_s = compile_s or UNKNOWN_COMPILE_S
+        self.last = None    # the latest run's execution.Completion
+        self.exec_s = None  # the latest known execute seconds
+
+    def run_s(self):
+        c = self.last
+        if c is not None and c.seconds is not None:
+            self.exec_s = c.seconds
+        return self.exec_s
+
+
+class Rent:
+    """Bounds ``own`` without a program, running in the program of the larger bounds ``host``:
+    the seconds of padding paid so far, and the runs."""
+    __slots__ = ("own", "host", "paid", "runs", "share", "label")
+
+    def __init__(self, own, host, label):
+        self.own, self.host, self.label = own, host, label
+        self.paid, self.runs = 0.0, 0
+        volume = 1
+        for a, b in zip(own, host):
+            volume *= a / b
+        self.share = 1.0 - volume  # of the host program's work, the padding beyond ``own``
+
+    def due(self, fam) -> bool:
+        """Whether ``own`` should now get its own program: it has one already, or the padding
+        paid reached the host program's compile time."""
+        return self.own in fam.programs or self.paid >= fam.programs[self.host].compile_s
+
+
+def _rent(fam, own, sizes):
+    """The Rent under which a graph with bounds ``own`` runs in a larger compiled program, or
+    None when it runs in (or compiles) its own."""
+    if own in fam.programs or not fam.programs:
+        return None
+    rent = fam.rents.get(own)
+    if rent is None:
+        hosts = [b for b in fam.programs if len(b) == len(own) and all(x >= y for x, y in zip(b, own))]
+        if not hosts:
+            return None
+        host = min(hosts, key=lambda b: (_volume(b), b))
+        label = "; ".join(f"{v.label}: size {s}" for v, s in zip(fam.vars, sizes))
+        rent = fam.rents[own] = Rent(own, host, label)
+        metrics.counter_inc("DynamicShapeBoundRent")
+        _tell("rent", label, own, host, fam.programs[host].compile_s)
+    if rent.due(fam):
+        del fam.rents[own]
+        _tell("own", rent.label, own, rent.host, rent.runs, rent.paid)
+        return None
+    return rent
+
+
+def _volume(bounds):
+    v = 1
+    for b in bounds:
+        v *= b
+    return v
 
 
 def refuse(plan, why) -> None:
@@ -406,7 +490,19 @@ def describe(kind, *info) -> str:
     if kind == "bound":
         label, size, bound, old = info
         return f"the bound of {label} grows from {old} to {bound} (size {size}): one more padded program"
+    if kind == "rent":
+        label, own, host, compile_s = info
+        return (f"{label}: its bound {_fmt(own)} has no program yet, so it runs in the program of bound "
+                f"{_fmt(host)} until the padding that adds has cost about that program's compile ({compile_s:.1f} s)")
+    if kind == "own":
+        label, own, host, runs, paid = info
+        return (f"{label}: bound {_fmt(own)} gets its own program now: {runs} run(s) in the program of bound "
+                f"{_fmt(host)} paid {paid:.2f} s of padding")
     return f"shapes stay exact for this graph, whose sizes vary: {info[0]}"
+
+
+def _fmt(bounds):
+    return ", ".join(map(str, bounds))
 
 
 def _tell(kind, *info):
@@ -564,13 +660,34 @@ class PaddedCall:
     """The padded program called as the exact graph's: each parameter of the exact graph padded
     with zeros where the plan says, the sizes added, and each padded output cut back to its real
     shape. What a cache entry under the exact graph's key holds."""
-    __slots__ = ("program", "sources", "shapes", "_sizes")
+    __slots__ = ("program", "sources", "shapes", "_sizes", "cost", "rent", "family", "entry")
 
-    def __init__(self, program, plan):
-        self.program = program
+    def __init__(self, padded, plan):
+        """``padded``: the padded graph's ``cache.CachedProgram``. ``entry``: the cache entry
+        that holds this call (set by the executor), retired when its size's own bound is due."""
+        self.program = padded.executable
         self.sources = plan.sources
         self.shapes = plan.shapes
         self._sizes = {}
+        fam = self.family = plan.family
+        cost = fam.programs.get(plan.bounds)
+        if cost is None:
+            cost = fam.programs[plan.bounds] = Cost(padded.compile_ns / 1e9)
+        self.cost, self.rent, self.entry = cost, plan.rent, None
+
+    def ran(self, completion):
+        """One run was dispatched (``completion``, its end): a size in a larger bound's program
+        pays its padding; once its own bound is due, the next lookup compiles it."""
+        self.cost.last = completion
+        rent = self.rent
+        if rent is None:
+            return
+        took = self.cost.run_s()
+        if took is not None:
+            rent.paid += took * rent.share
+        rent.runs += 1
+        if rent.due(self.family) and self.entry is not None:
+            self.entry.retired = True
 
     def __call__(self, *arrays):
         args = []

@@ -77,10 +77,11 @@ class Completion:
     Future on every sync). A *polled* completion (``outs`` given) has no thread: whoever asks
     looks at the program's outputs, which an execution makes ready together."""
 
-    __slots__ = ("_lock", "error", "_outs", "_key_hex", "checks")
+    __slots__ = ("_lock", "error", "_outs", "_key_hex", "checks", "seconds")
 
     def __init__(self, error=None, outs=None, key_hex=None, checks=None):
         self.error = error
+        self.seconds = None  # the program's execute time once done (a timed run: ``ExecuteTime``)
         self._outs = outs
         self._key_hex = key_hex
         self.checks = checks  # (flags array, the program's checks): read when it completes
@@ -180,7 +181,7 @@ def _completions():
         done, outs, key_hex, t0 = item
         try:
             a = _representative(outs)  # one wake per program, not one per output
-            err = _await(() if a is None else (a,), key_hex, t0)
+            err = _await(() if a is None else (a,), key_hex, t0, done)
             if err is None and done.checks is not None:
                 err = _check_failure(*done.checks, key_hex)
                 done.checks = None
@@ -198,9 +199,9 @@ def _drain_at_exit():
 atexit.register(_drain_at_exit)
 
 
-def _await(outs, key_hex, t0):
+def _await(outs, key_hex, t0, done=None):
     """Wait until ``outs`` are computed; the failure, if the program failed. ``t0``: the
-    dispatch time, for ``ExecuteTime`` (None: not timed)."""
+    dispatch time, for ``ExecuteTime`` and ``done.seconds`` (None: not timed)."""
     for a in outs:
         try:
             a.block_until_ready()
@@ -212,8 +213,11 @@ def _await(outs, key_hex, t0):
         return None
     global _last_done
     t1 = _now()
-    metrics.metric_add("ExecuteTime", t1 - max(t0, _last_done), "time")
+    took = t1 - max(t0, _last_done)
+    metrics.metric_add("ExecuteTime", took, "time")
     _last_done = t1
+    if done is not None:
+        done.seconds = took / 1e9
     return None
 
 

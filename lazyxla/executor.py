@@ -80,7 +80,7 @@ def lookup(graph: Graph, req: KeyRequest, cause, donors=(), name="SyncTensorsGra
     known = _TRACES.get(ingredients)
     prog = cache.get(known.key) if known is not None else None
     compiled = False
-    if prog is not None:
+    if prog is not None and not prog.retired:
         trace = FoldTrace.reusing(prog.trace, [uid for uid, _ in req.roots])
         metrics.counter_inc("CachedCompile")
         metrics.metric_add("TensorsGraphSize", len(graph.post))
@@ -89,7 +89,7 @@ def lookup(graph: Graph, req: KeyRequest, cause, donors=(), name="SyncTensorsGra
         trace = compute(req)
         key = trace.key
         prog = cache.get(key)
-        if prog is not None:
+        if prog is not None and not prog.retired:
             metrics.counter_inc("CachedCompile")
             metrics.metric_add("TensorsGraphSize", len(graph.post))
             prog.hits += 1
@@ -103,9 +103,10 @@ def lookup(graph: Graph, req: KeyRequest, cause, donors=(), name="SyncTensorsGra
                 metrics.counter_inc("CachedCompile")
                 metrics.metric_add("TensorsGraphSize", prog.graph_size)
             elif pad and (padded := _padded(graph, req, trace, cause, donors, name)) is not None:
-                prog = CachedProgram(PaddedCall(padded[1].executable, padded[0]), key, trace, len(graph.params),
-                                     len(graph.roots), graph.n_ops, 0, tuple(donors), checks=padded[1].checks,
-                                     extra={"dynamic": padded[0].summary, "padded": padded[1]})
+                call = PaddedCall(padded[1], padded[0])
+                prog = call.entry = CachedProgram(call, key, trace, len(graph.params), len(graph.roots), graph.n_ops,
+                                                  0, tuple(donors), checks=padded[1].checks,
+                                                  extra={"dynamic": padded[0].summary, "padded": padded[1]})
             else:
                 if auto_sharding():
                     raise LazyXlaError(
@@ -172,6 +173,8 @@ def _store_persistent(prog, name):
 
 def _run(prog, graph):
     outs = run(prog.executable, [p.data for p in graph.params], prog.n_outputs, prog.key.hex(), checks=prog.checks)
+    if type(prog.executable) is PaddedCall and outs:  # a padded program prices its runs (dynamic's bounds)
+        prog.executable.ran(outs[0].completion)
     if events.AFTER_RUN:
         for hook in events.AFTER_RUN:
             hook(prog, graph, outs)

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 import lazyxla
-import lazyxla.debug.metrics as met
 from lazyxla import dynamic
 from lazyxla.debug.explain import recompile_log
 from lazyhelp import cnt
@@ -89,6 +88,37 @@ def test_a_varying_length_runs_one_program_per_bound_with_eagers_values_and_grad
         torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5, msg=f"{family}, length {L} (gradient)")
     assert cnt("DynamicShapeFallback") == fallbacks
     assert cnt("UncachedCompile") - before == 3  # length 5 exact, then one padded program per bound (8, 16)
+
+
+def test_a_smaller_size_runs_in_a_larger_bounds_program_until_its_padding_has_paid_a_compile():
+    def fn(x, mask):  # attention, its own programs (no other test's in the cache)
+        return _attention(x * 0.75, mask)
+
+    def step(L):
+        x, mask, _ = _inputs(L)
+        got, want = _step(fn, x, [mask], True), _step(fn, x, [mask], False)
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5, msg=f"length {L}")
+        torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5, msg=f"length {L} (gradient)")
+
+    before, rents = cnt("UncachedCompile"), cnt("DynamicShapeBoundRent")
+    for L in (5, 13):  # 5 exact, 13 padded to 16
+        step(L)
+    assert cnt("UncachedCompile") - before == 2
+    for L in (7, 6, 7):  # their own bound (8) has no program: they run in bound 16's, compiling nothing
+        step(L)
+    assert cnt("UncachedCompile") - before == 2 and cnt("DynamicShapeBoundRent") - rents == 1
+    fam, = [f for f in dynamic._FAMILIES.values() if f.programs]
+    rent, = fam.rents.values()
+    assert rent.own == (8,) and rent.host == (16,) and rent.runs == 3 and rent.share == 0.5
+    fam.programs[(16,)].compile_s = rent.paid  # as if the padding paid so far had cost a whole compile
+    step(7)  # still the bound-16 program; this run makes the size's own bound due
+    assert cnt("UncachedCompile") - before == 2
+    step(7)  # bound 8 compiled now
+    assert cnt("UncachedCompile") - before == 3 and (8,) in fam.programs and not fam.rents
+    assert "bound 8 gets its own program now: 4 run(s) in the program of bound 16" in recompile_log()[-1].text
+    for L in (6, 7, 8, 5):  # every size up to 8 runs in its own bound's program now
+        step(L)
+    assert cnt("UncachedCompile") - before == 3
 
 
 def test_an_op_without_a_padding_rule_stays_exact_and_says_where():

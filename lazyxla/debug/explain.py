@@ -462,7 +462,8 @@ class Recorder:
             print(str(rec), file=sys.stderr)
 
     def dynamic(self, kind, *info):
-        _NOTES.append(describe(kind, *info))  # said with the compile it comes with
+        if kind != "rent":  # a size run in a larger bound's program compiles nothing: not a recompile's note
+            _NOTES.append(describe(kind, *info))  # said with the compile it comes with
 
     def before_compile(self, cause, trace, graph):
         _disk_history()  # read other processes' keys before this one is stored
