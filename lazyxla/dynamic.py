@@ -21,11 +21,13 @@ their padded dimensions), the caches keep it, the compiler lowers it. ``Plan`` s
 exact graph's parameters become the padded graph's (padded with zeros, sizes added) and how
 its outputs come back to their real shapes.
 
-Bounds: ``LAZYXLA_DYNAMIC_BUCKETS``: unset or ``pow2`` (the next power of two, at least 8), a
-list ``16,32,64`` (the smallest listed that holds the size; beyond it powers of two), or ``off``
-(one program per shape, as torch_xla). ``mark`` (``lazyxla.mark_dynamic(t, dim, max=)``) sets
-one input dimension's bound. A size whose own bound has no program yet runs in the smallest
-compiled program of larger bounds until its padding there has cost about a compile (``Rent``).
+Bounds: ``LAZYXLA_DYNAMIC_BUCKETS``: unset or ``auto`` (a program is compiled for the next power
+of two, at least 8; a size's own bound is a quarter-octave step, ``own_bound``), ``pow2`` (powers
+of two only), a list ``16,32,64`` (the smallest listed that holds the size; beyond it powers of
+two), or ``off`` (one program per shape, as torch_xla). ``mark``
+(``lazyxla.mark_dynamic(t, dim, max=)``) sets one input dimension's bound. A size whose own
+bound has no program runs in the smallest compiled program of larger bounds until its padding
+there has cost about a compile (``Rent``); one that no program holds compiles ``bucket``.
 
 May touch: its own tables (families by structure, marks), the ``DynamicShape*`` counters and
 the ``events.DYNAMIC`` subscribers. Knows nothing about torch ops beyond the rule table.
@@ -48,18 +50,21 @@ MAX_SAMPLES = 8  # integer vectors kept per family to find a variable in
 
 
 def _policy():
-    text = env_str("LAZYXLA_DYNAMIC_BUCKETS", "pow2").strip().lower()
+    text = env_str("LAZYXLA_DYNAMIC_BUCKETS", "auto").strip().lower()
     if text in ("off", "0", "false", "no", "none"):
         return None
-    if text in ("", "pow2", "1", "on", "true"):
-        return ()
+    if text in ("", "auto", "1", "on", "true"):
+        return "auto"
+    if text == "pow2":
+        return "pow2"
     try:
         return tuple(sorted(int(x) for x in text.split(",") if x.strip()))
     except ValueError:
-        raise ValueError(f"LAZYXLA_DYNAMIC_BUCKETS={text!r}: expected pow2, off, or sizes like 16,32,64") from None
+        raise ValueError(f"LAZYXLA_DYNAMIC_BUCKETS={text!r}: expected auto, pow2, off, or sizes like 16,32,64") from None
 
 
 POLICY = _policy()
+STEPS = (1.25, 1.5, 1.75, 2.0)  # ``auto``: a size's own bound within its octave (at most 1.25x the size)
 
 
 def enabled() -> bool:
@@ -67,17 +72,29 @@ def enabled() -> bool:
 
 
 def bucket(size: int, mark=None) -> int:
-    """The bound a size is padded to: ``mark`` (mark_dynamic's max), else the smallest listed
-    bucket that holds it, else the next power of two (at least 8)."""
+    """The bound a new program is compiled for: ``mark`` (mark_dynamic's max), else the smallest
+    listed bucket that holds the size, else the next power of two (at least 8)."""
     if mark is not None:
         return mark
-    for b in POLICY or ():
-        if b >= size:
-            return b
+    if type(POLICY) is tuple:
+        for b in POLICY:
+            if b >= size:
+                return b
     b = 8
     while b < size:
         b *= 2
     return b
+
+
+def own_bound(size: int, mark=None) -> int:
+    """A size's own bound: ``bucket``, except under ``auto``, where it is the smallest of a
+    quarter-octave ladder (8, 10, 12, 14, 16, 20, 24, 28, 32, 40, ...) that holds the size, so
+    its padding is at most a quarter of the work. A size runs in its own bound's program once
+    that is compiled; until then in a larger bound's (``Rent``)."""
+    b = bucket(size, mark)
+    if mark is not None or POLICY != "auto" or b == 8:
+        return b
+    return next(int(b // 2 * f) for f in STEPS if b // 2 * f >= size)
 
 
 # ---------------------------------------------------------------------------------------
@@ -365,15 +382,10 @@ def plan(graph, collect_graph):
             owner = graph.params[st.leaf_dims[p][0]].owner
             if owner is not None and owner() is not None and owner().donate:
                 return None
-    bounds, marked = [], False
-    for v, s in zip(fam.vars, sizes):
-        mark = _var_mark(graph, st, v)
-        marked |= mark is not None
-        bounds.append(bucket(s, mark if mark is not None and mark >= s else None))
-    own = tuple(bounds)
-    rent = None if marked else _rent(fam, own, sizes)
-    if rent is not None:  # run in a larger bound's program while its padding costs less than a compile
-        bounds = list(rent.host)
+    marks = [_var_mark(graph, st, v) for v in fam.vars]
+    marks = [m if m is not None and m >= s else None for m, s in zip(marks, sizes)]
+    own = tuple(own_bound(s, m) for s, m in zip(sizes, marks))
+    bounds, rent = _bounds(fam, own, sizes, marks)
     for i, (v, s, b) in enumerate(zip(fam.vars, sizes, bounds)):
         old = fam.bounds.get(i)
         if old is not None and b > old:
@@ -436,29 +448,33 @@ class Rent:
     def due(self, fam) -> bool:
         """Whether ``own`` should now get its own program: it has one already, or the padding
         paid reached the host program's compile time."""
-        return self.own in fam.programs or self.paid >= fam.programs[self.host].compile_s
+        host = fam.programs.get(self.host)
+        return self.own in fam.programs or (host is not None and self.paid >= host.compile_s)
 
 
-def _rent(fam, own, sizes):
-    """The Rent under which a graph with bounds ``own`` runs in a larger compiled program, or
-    None when it runs in (or compiles) its own."""
-    if own in fam.programs or not fam.programs:
-        return None
+def _bounds(fam, own, sizes, marks):
+    """The bounds a graph whose sizes' own bounds are ``own`` runs at, and its Rent (or None):
+    ``own`` when compiled (or due); else the smallest compiled program that holds it, paying
+    rent; else a new program at ``bucket`` (which ``own`` then rents, when smaller)."""
+    if own in fam.programs:
+        return own, None
     rent = fam.rents.get(own)
-    if rent is None:
-        hosts = [b for b in fam.programs if len(b) == len(own) and all(x >= y for x, y in zip(b, own))]
-        if not hosts:
-            return None
-        host = min(hosts, key=lambda b: (_volume(b), b))
-        label = "; ".join(f"{v.label}: size {s}" for v, s in zip(fam.vars, sizes))
-        rent = fam.rents[own] = Rent(own, host, label)
-        metrics.counter_inc("DynamicShapeBoundRent")
-        _tell("rent", label, own, host, fam.programs[host].compile_s)
-    if rent.due(fam):
+    if rent is not None:
+        if not rent.due(fam):
+            return rent.host, rent
         del fam.rents[own]
         _tell("own", rent.label, own, rent.host, rent.runs, rent.paid)
-        return None
-    return rent
+        return own, None
+    hosts = [b for b in fam.programs if len(b) == len(own) and all(x >= y for x, y in zip(b, own))]
+    host = min(hosts, key=lambda b: (_volume(b), b)) if hosts else tuple(bucket(s, m) for s, m in zip(sizes, marks))
+    if host == own:
+        return own, None
+    label = "; ".join(f"{v.label}: size {s}" for v, s in zip(fam.vars, sizes))
+    rent = fam.rents[own] = Rent(own, host, label)
+    if hosts:
+        metrics.counter_inc("DynamicShapeBoundRent")
+        _tell("rent", label, own, host, fam.programs[host].compile_s)
+    return host, rent
 
 
 def _volume(bounds):

@@ -101,7 +101,7 @@ def test_a_smaller_size_runs_in_a_larger_bounds_program_until_its_padding_has_pa
         torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5, msg=f"length {L} (gradient)")
 
     before, rents = cnt("UncachedCompile"), cnt("DynamicShapeBoundRent")
-    for L in (5, 13):  # 5 exact, 13 padded to 16
+    for L in (5, 16):  # 5 exact, 16 padded to (its own bound) 16
         step(L)
     assert cnt("UncachedCompile") - before == 2
     for L in (7, 6, 7):  # their own bound (8) has no program: they run in bound 16's, compiling nothing
@@ -119,6 +119,16 @@ def test_a_smaller_size_runs_in_a_larger_bounds_program_until_its_padding_has_pa
     for L in (6, 7, 8, 5):  # every size up to 8 runs in its own bound's program now
         step(L)
     assert cnt("UncachedCompile") - before == 3
+
+
+def test_a_sizes_own_bound_holds_it_with_at_most_a_quarter_of_padding(monkeypatch):
+    sizes = range(1, 300)
+    assert [dynamic.own_bound(n) for n in (1, 8, 9, 11, 17, 33, 41, 57, 64, 65, 200)] == \
+        [8, 8, 10, 12, 20, 40, 48, 64, 64, 80, 224]
+    assert all(n <= dynamic.own_bound(n) <= max(8, 1.25 * n) <= dynamic.bucket(n) * 1.25 for n in sizes)
+    assert dynamic.own_bound(20, mark=50) == 50
+    monkeypatch.setattr(dynamic, "POLICY", "pow2")
+    assert [dynamic.own_bound(n) for n in (9, 33, 200)] == [16, 64, 256]
 
 
 def test_an_op_without_a_padding_rule_stays_exact_and_says_where():
