@@ -748,3 +748,47 @@ def test_writing_an_expanded_tensor_is_refused_as_in_pytorch(write):
     with pytest.raises(RuntimeError, match="more than one element of the written-to tensor") as ei:
         write(x)
     assert "test_views.py:" in str(ei.value)  # the user's line
+
+
+# ---------------------------------------------------------------------------------------
+# A write through views that move every element once (reshape, t, transpose, permute,
+# squeeze/unsqueeze) is the source put back in the base's layout: no scatter in the program.
+WHOLE_VIEWS = {
+    "t of t": lambda b: b.view(6, 4).t().t(),
+    "transpose": lambda b: b.transpose(0, 2),
+    "transpose of negative dims": lambda b: b.transpose(-1, -3),
+    "permute": lambda b: b.permute(2, 0, 1),
+    "permute of a reshape": lambda b: b.reshape(6, 4).t().unsqueeze(0).permute(2, 0, 1),
+    "squeeze of unsqueeze": lambda b: b.unsqueeze(1).squeeze(1).flatten(),
+    "unflatten": lambda b: b.flatten().unflatten(0, (4, 6)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool], ids=str)
+@pytest.mark.parametrize("view", list(WHOLE_VIEWS))
+def test_a_write_through_views_that_move_every_element_once_is_no_scatter(view, dtype):
+    make = WHOLE_VIEWS[view]
+
+    def write(b):
+        v = make(b)
+        src = torch.arange(v.numel()).reshape(v.shape) % 5
+        v.copy_(src > 2 if dtype == torch.bool else src.to(dtype))
+        return b
+
+    base = (torch.arange(24).reshape(2, 3, 4) % 3).to(dtype)
+    want = write(base.clone())
+    lazy = write(dev(base))
+    assert "scatter" not in lazyxla.dump_hlo([lazy])
+    assert torch.equal(lazy.cpu(), want)
+
+
+def test_an_accumulated_weight_gradient_is_added_without_a_scatter():
+    lin = torch.nn.Linear(8, 16)
+    x = torch.randn(4, 8)
+    ll = torch.nn.Linear(8, 16).to(DEV)
+    ll.load_state_dict(lin.state_dict())
+    for m, inp in ((lin, x), (ll, dev(x))):
+        for _ in range(2):  # the second backward adds into .grad, a view (t of t) of the first's product
+            m(inp).pow(2).sum().backward()
+    assert "scatter" not in lazyxla.dump_hlo([ll.weight.grad])
+    torch.testing.assert_close(ll.weight.grad.cpu(), lin.weight.grad, rtol=1e-5, atol=1e-5)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..config import env_flag
 from ..ir import Slot
@@ -194,26 +195,55 @@ def lower_sharding(sig, x, sharding=None):
 
 def lower_view_scatter(sig, base, src, views=None):
     """Write ``src`` into ``base`` through the chain of views ``sig.func`` ((view OpSig, output
-    index) pairs, outermost first): the chain applied to an index map of ``base`` says which
-    element of ``base`` each element of ``src`` came from."""
+    index) pairs, outermost first). A chain of views that each move every element once
+    (reshapes, transposes, permutes: ``_UNVIEW``) is undone view by view, so the write is
+    transposes and reshapes of ``src``; through any other chain, the chain applied to an index
+    map of ``base`` says which element of ``base`` each element of ``src`` came from, and
+    ``src`` is scattered there."""
+    whole = _unviewed(sig.func, base, src)
+    if whole is not None:
+        return whole
     n = 1
     for s in base.shape:
         n *= s
     idx = jnp.arange(n, dtype=jnp.int64).reshape(base.shape)
-    identity = True
     for vsig, index in sig.func:
         targs, tkw = vsig.template
         mapped = vsig.lower(vsig, *instantiate(targs, [idx]), **{k: instantiate(v, [idx]) for k, v in tkw})
         if isinstance(mapped, (tuple, list)):
             mapped = mapped[index]
         idx = jnp.asarray(mapped)
-        identity = identity and _is_identity_view(vsig)
-    if identity:  # view/reshape/alias only: every element keeps its place
-        return jnp.reshape(src, base.shape).astype(base.dtype)
     flat = base.reshape(-1)
     flat = flat.at[idx.reshape(-1)].set(jnp.broadcast_to(src, idx.shape).reshape(-1).astype(base.dtype))
     return flat.reshape(base.shape)
 
 
-def _is_identity_view(vsig):
-    return vsig.op in ("aten::view", "aten::_unsafe_view", "aten::alias", "aten::reshape")
+def _args(vsig):
+    return vsig.template[0][1:]  # the view's arguments after its input (plain Python values)
+
+
+def _axes(dims, ndim):
+    return [d % ndim for d in dims] if ndim else list(dims)
+
+
+_RESHAPING = ("aten::view", "aten::_unsafe_view", "aten::alias", "aten::reshape", "aten::unsqueeze",
+              "aten::squeeze", "aten::squeeze.dim", "aten::squeeze.dims", "aten::flatten.using_ints",
+              "aten::unflatten.int")
+_UNVIEW = {  # a view that moves every element of its input once: its output put back in its input's layout
+    **{op: (lambda vsig, y, shape: jnp.reshape(y, shape)) for op in _RESHAPING},
+    "aten::t": lambda vsig, y, shape: y.T if y.ndim == 2 else y,
+    "aten::transpose.int": lambda vsig, y, shape: jnp.swapaxes(y, *_axes(_args(vsig), y.ndim)),
+    "aten::permute": lambda vsig, y, shape: jnp.transpose(y, np.argsort(_axes(_args(vsig)[0], y.ndim))),
+}
+
+
+def _unviewed(chain, base, src):
+    """``src`` written through ``chain`` as the whole new ``base``, when every view of the
+    chain is in ``_UNVIEW``; else None."""
+    if not all(vsig.op in _UNVIEW and index == 0 for vsig, index in chain):
+        return None
+    shapes = [tuple(base.shape)] + [tuple(vsig.outs[0].shape) for vsig, _ in chain]
+    y = jnp.broadcast_to(src, shapes[-1]).astype(base.dtype)
+    for (vsig, _), shape in zip(reversed(chain), reversed(shapes[:-1])):
+        y = _UNVIEW[vsig.op](vsig, y, shape)
+    return y
