@@ -8,15 +8,12 @@ after ``lazyxla.sync()``.
 """
 from __future__ import annotations
 
-import gc
-import sys
 
 import pytest
 import torch
 
 import lazyxla
 from lazyhelp import cnt
-import lazyxla.debug.metrics as met
 
 DEV = lazyxla.device()
 
