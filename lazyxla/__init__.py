@@ -26,6 +26,7 @@ from . import rng as _rng
 from . import storage as _storage
 from . import metrics as _metrics
 from . import optimizer_state as _optimizer_state
+from . import optimizer_fused as _optimizer_fused
 from . import hf_masks as _hf_masks
 from .closures import add_step_closure
 from .compiled_step import compile, step  # noqa: A004 - torch_xla's names; torch.compile is another thing
@@ -43,6 +44,7 @@ _kernels.register()
 _c10d.register()
 _autocast.register()
 _optimizer_state.install()
+_optimizer_fused.install()
 _hf_masks.install()
 debug.install()
 _events.subscribe(_closures.StepClosures())
