@@ -10,25 +10,14 @@ from lazyxla import optimizer_fused
 from lazyxla.collect import Graph
 from lazyxla.storage import pending
 from lazyhelp import cnt
+from test_optimizer_state import train
 
 DEV = lazyxla.device()
 pytestmark = pytest.mark.usefixtures("nothing_pending")
 
 
 def run(make_opt, dev, steps=4):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(7, 12), nn.Tanh(), nn.Linear(12, 3)).to(dev)
-    x, y = torch.randn(6, 7), torch.randint(0, 3, (6,))
-    opt = make_opt(model.parameters())
-    losses = []
-    for _ in range(steps):
-        loss = nn.functional.cross_entropy(model(x.to(dev)), y.to(dev))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if dev == DEV:
-            lazyxla.sync()
-        losses.append(float(loss))
+    losses, _, model, opt = train(make_opt, 7, steps, dev)
     return losses, opt, [p.detach().cpu() for p in model.parameters()]
 
 

@@ -28,7 +28,7 @@ def train(make_opt, width, steps=3, dev=DEV):
             lazyxla.sync()
             compiles.append(cnt("UncachedCompile"))
         losses.append(float(loss))
-    return losses, compiles, model
+    return losses, compiles, model, opt
 
 
 @pytest.mark.parametrize("make,width", [
@@ -40,8 +40,8 @@ def train(make_opt, width, steps=3, dev=DEV):
 ], ids=["adamw", "adam-loop", "adamax", "rmsprop", "adagrad"])
 def test_the_first_steps_compile_one_program_and_train_like_eager(make, width):
     before, made = cnt("UncachedCompile"), cnt("OptimizerStateAsData")
-    got, compiles, model = train(make, width)
-    want, _, ref = train(make, width, dev="cpu")
+    got, compiles, model, _ = train(make, width)
+    want, _, ref, _ = train(make, width, dev="cpu")
     assert [c - before for c in compiles] == [1, 1, 1], compiles  # the first step's program is the steady one
     assert cnt("OptimizerStateAsData") > made
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-6)
@@ -53,10 +53,10 @@ def test_off_it_compiles_two_and_the_values_are_the_same(monkeypatch):
     monkeypatch.setattr(optimizer_state, "ENABLED", False)
     make = lambda p: torch.optim.AdamW(p, lr=1e-2)  # noqa: E731
     before = cnt("UncachedCompile")
-    off, compiles, _ = train(make, 31)
+    off, compiles, _, _ = train(make, 31)
     assert [c - before for c in compiles] == [1, 2, 2]  # torch_xla's count: the state's program, then the steady one
     monkeypatch.setattr(optimizer_state, "ENABLED", True)
-    on, _, _ = train(make, 31)
+    on, _, _, _ = train(make, 31)
     assert on == off
 
 
