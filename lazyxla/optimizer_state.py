@@ -11,7 +11,9 @@ a step of an optimizer some of whose parameters on the lazy device have no state
 - after the step, the tensors of the new state take their place in the arena at the start of
   the step (``storage.move_to_step_start``), where they will be in every later step;
 - state the optimizer made when it was built (Adagrad's ``sum``), still one of those factories
-  pending at its first step, takes its value as uploaded data then.
+  pending at its first step, takes its value as uploaded data then;
+- SGD with momentum (and no dampening) gets zero momentum buffers before its first step, which
+  then runs the steady step's code (``buf * momentum + grad`` is the gradient it would clone).
 
 The first step's graph is then the steady step's graph: one program, found in the cache by the
 second step. Values are unchanged (the same zeros, the same updates). Off under SPMD, in a job
@@ -106,6 +108,20 @@ def _pre(opt, args, kwargs):
     for f in _HOST:
         ops.SPECIAL[f] = _as_data
         reroute(f)
+    if type(opt) is torch.optim.SGD:
+        _zero_momentum(opt, set(fresh))
+
+
+def _zero_momentum(opt, fresh):
+    """SGD with momentum and no dampening: its first step clones the gradient into the buffer,
+    other Python than the steady step's ``buf * momentum + grad``, which on a zero buffer gives
+    the same values. So the buffer starts as zeros (device data, as above) and the first step
+    runs the steady step's code."""
+    for g in opt.param_groups:
+        if g["momentum"] != 0 and g["dampening"] == 0:
+            for p in g["params"]:
+                if p in fresh:
+                    opt.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 def _end():

@@ -37,7 +37,9 @@ def train(make_opt, width, steps=3, dev=DEV):
     (lambda p: torch.optim.Adamax(p, lr=1e-2), 13),
     (lambda p: torch.optim.RMSprop(p, lr=1e-2), 15),
     (lambda p: torch.optim.Adagrad(p, lr=1e-1, initial_accumulator_value=0.3), 17),  # state made when built
-], ids=["adamw", "adam-loop", "adamax", "rmsprop", "adagrad"])
+    (lambda p: torch.optim.SGD(p, lr=1e-1, momentum=0.9), 19),  # the first step clones the gradient
+    (lambda p: torch.optim.SGD(p, lr=1e-1, momentum=0.9, nesterov=True, weight_decay=0.01, foreach=False), 21),
+], ids=["adamw", "adam-loop", "adamax", "rmsprop", "adagrad", "sgd-momentum", "sgd-nesterov-loop"])
 def test_the_first_steps_compile_one_program_and_train_like_eager(make, width):
     before, made = cnt("UncachedCompile"), cnt("OptimizerStateAsData")
     got, compiles, model, _ = train(make, width)
