@@ -12,6 +12,7 @@ import lazyxla.debug.metrics as met
 from lazyxla.cache import computation_cache
 
 DEV = lazyxla.device()
+pytestmark = pytest.mark.usefixtures("exact_shapes")  # compile counts of fresh sizes: one program per shape
 
 
 def ioac():

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 import lazyxla
@@ -13,6 +14,7 @@ import lazyxla.debug as dbg
 
 DEV = lazyxla.device()
 HERE = os.path.basename(__file__)
+pytestmark = pytest.mark.usefixtures("exact_shapes")  # explanations of exact-shape keys: fresh sizes per test
 
 
 def new_records(fn):

@@ -37,7 +37,7 @@ TRAIN = textwrap.dedent("""\
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.25),
                                 torch.nn.Linear(16, 2)).to(dev)  # MODEL
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.1)  # 1st step: its own program
     for step in range(3):
         x = torch.randn(4, 8).to(dev)  # BATCH
         loss = model(x).pow(2).mean()  # LOSS
