@@ -26,8 +26,8 @@ class CachedProgram:
     checks: tuple = ()         # value checks: (op, user line, message, error kind), one per row
     #                            of the program's last output (``lowering.program``)
     extra: dict = field(default_factory=dict)
-    retired: bool = False      # a better program stands for the same key now: a lookup that finds
-    #                            this entry treats it as a miss (``dynamic.PaddedCall``)
+    retired: bool = False      # a better program should stand for the same key now: a lookup that
+    #                            finds this entry treats it as a miss (``dynamic.PaddedCall.ran``)
 
 
 class LRUCache:

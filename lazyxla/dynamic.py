@@ -60,7 +60,8 @@ def _policy():
     try:
         return tuple(sorted(int(x) for x in text.split(",") if x.strip()))
     except ValueError:
-        raise ValueError(f"LAZYXLA_DYNAMIC_BUCKETS={text!r}: expected auto, pow2, off, or sizes like 16,32,64") from None
+        raise ValueError(f"LAZYXLA_DYNAMIC_BUCKETS={text!r}: expected auto, pow2, off, "
+                         "or sizes like 16,32,64") from None
 
 
 POLICY = _policy()
@@ -217,14 +218,13 @@ class Var:
 
 
 class Family:
-    __slots__ = ("samples", "vars", "table", "refused", "bounds", "programs", "rents")
+    __slots__ = ("samples", "vars", "table", "refused", "programs", "rents")
 
     def __init__(self):
         self.samples = []       # integer vectors seen, newest last
         self.vars = []          # Var, in the order found
         self.table = {}         # position -> (variable index, a, b); absent: the integer is constant
         self.refused = None     # a Refusal: this structure stays exact-shape
-        self.bounds = {}        # variable index -> the largest bound compiled so far
         self.programs = {}      # bounds (a tuple, one per variable) -> Cost of its padded program
         self.rents = {}         # bounds without a program of their own -> Rent paid in a larger one
 
@@ -387,7 +387,7 @@ def plan(graph, collect_graph):
     own = tuple(own_bound(s, m) for s, m in zip(sizes, marks))
     bounds, rent = _bounds(fam, own, sizes, marks)
     for i, (v, s, b) in enumerate(zip(fam.vars, sizes, bounds)):
-        old = fam.bounds.get(i)
+        old = max((p[i] for p in fam.programs if len(p) > i), default=None)  # the largest compiled so far
         if old is not None and b > old:
             metrics.counter_inc("DynamicShapeBoundGrow")
             _tell("bound", v.label, s, b, old)
@@ -397,8 +397,6 @@ def plan(graph, collect_graph):
         metrics.counter_inc("DynamicShapeFallback")
         _tell("fallback", got)
         return None
-    for i, b in enumerate(bounds):
-        fam.bounds[i] = max(b, fam.bounds.get(i, 0))
     got.family, got.bounds, got.rent = fam, tuple(bounds), rent
     got.summary = "; ".join(f"{v.label}: size {s}, bound {b}" for v, s, b in zip(fam.vars, sizes, bounds))
     if rent is not None:
@@ -676,11 +674,10 @@ class PaddedCall:
     """The padded program called as the exact graph's: each parameter of the exact graph padded
     with zeros where the plan says, the sizes added, and each padded output cut back to its real
     shape. What a cache entry under the exact graph's key holds."""
-    __slots__ = ("program", "sources", "shapes", "_sizes", "cost", "rent", "family", "entry")
+    __slots__ = ("program", "sources", "shapes", "_sizes", "cost", "rent", "family")
 
     def __init__(self, padded, plan):
-        """``padded``: the padded graph's ``cache.CachedProgram``. ``entry``: the cache entry
-        that holds this call (set by the executor), retired when its size's own bound is due."""
+        """``padded``: the padded graph's ``cache.CachedProgram``."""
         self.program = padded.executable
         self.sources = plan.sources
         self.shapes = plan.shapes
@@ -689,21 +686,21 @@ class PaddedCall:
         cost = fam.programs.get(plan.bounds)
         if cost is None:
             cost = fam.programs[plan.bounds] = Cost(padded.compile_ns / 1e9)
-        self.cost, self.rent, self.entry = cost, plan.rent, None
+        self.cost, self.rent = cost, plan.rent
 
-    def ran(self, completion):
+    def ran(self, completion) -> bool:
         """One run was dispatched (``completion``, its end): a size in a larger bound's program
-        pays its padding; once its own bound is due, the next lookup compiles it."""
+        pays its padding. True once its own bound is due: the cache entry holding this call
+        should give way, so that the next lookup compiles that bound."""
         self.cost.last = completion
         rent = self.rent
         if rent is None:
-            return
+            return False
         took = self.cost.run_s()
         if took is not None:
             rent.paid += took * rent.share
         rent.runs += 1
-        if rent.due(self.family) and self.entry is not None:
-            self.entry.retired = True
+        return rent.due(self.family)
 
     def __call__(self, *arrays):
         args = []

@@ -103,10 +103,9 @@ def lookup(graph: Graph, req: KeyRequest, cause, donors=(), name="SyncTensorsGra
                 metrics.counter_inc("CachedCompile")
                 metrics.metric_add("TensorsGraphSize", prog.graph_size)
             elif pad and (padded := _padded(graph, req, trace, cause, donors, name)) is not None:
-                call = PaddedCall(padded[1], padded[0])
-                prog = call.entry = CachedProgram(call, key, trace, len(graph.params), len(graph.roots), graph.n_ops,
-                                                  0, tuple(donors), checks=padded[1].checks,
-                                                  extra={"dynamic": padded[0].summary, "padded": padded[1]})
+                prog = CachedProgram(PaddedCall(padded[1], padded[0]), key, trace, len(graph.params),
+                                     len(graph.roots), graph.n_ops, 0, tuple(donors), checks=padded[1].checks,
+                                     extra={"dynamic": padded[0].summary, "padded": padded[1]})
             else:
                 if auto_sharding():
                     raise LazyXlaError(
@@ -174,7 +173,7 @@ def _store_persistent(prog, name):
 def _run(prog, graph):
     outs = run(prog.executable, [p.data for p in graph.params], prog.n_outputs, prog.key.hex(), checks=prog.checks)
     if type(prog.executable) is PaddedCall and outs:  # a padded program prices its runs (dynamic's bounds)
-        prog.executable.ran(outs[0].completion)
+        prog.retired = prog.executable.ran(outs[0].completion)
     if events.AFTER_RUN:
         for hook in events.AFTER_RUN:
             hook(prog, graph, outs)

@@ -9,8 +9,9 @@ for all parameters (``lowering.optim``), computing what PyTorch's CPU kernel com
 
 So at the first step of an ``Adam`` or ``AdamW`` whose parameters are all on the lazy device,
 every group that left ``foreach`` and ``fused`` unset, and asks nothing the fused kernel lacks
-(``differentiable``, a tensor ``lr``, complex parameters), is set ``fused=True`` (counter ``OptimizerFusedByDefault``), before any
-state exists, so the state is made for that kernel. A choice the user made is kept.
+(``differentiable``, a tensor ``lr``, complex parameters), is set ``fused=True`` (counter
+``OptimizerFusedByDefault``), before any state exists, so the state is made for that kernel. A
+choice the user made is kept.
 ``LAZYXLA_FUSED_OPTIMIZER=0`` leaves PyTorch's default.
 
 May touch: the ``fused`` entry of such an optimizer's param groups, at its first step.

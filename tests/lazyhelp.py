@@ -1,4 +1,9 @@
-"""Small helpers the tests share: counter and metric readings that treat absent as 0."""
+"""Small helpers the tests share: counter and metric readings that treat absent as 0, and a
+small training loop on the CPU or the device."""
+import torch
+import torch.nn as nn
+
+import lazyxla
 import lazyxla.debug.metrics as met
 
 
@@ -55,3 +60,27 @@ def json_runs(script: str, times: int = 1, timeout: int = 300, **env) -> list:
         assert r.returncode == 0, r.stderr[-3000:]
         out.append(json.loads(r.stdout.strip().splitlines()[-1]))
     return out
+
+
+def train(make_opt, width, steps=3, dev=None):
+    """``steps`` steps of a small MLP (``width`` inputs) with the optimizer ``make_opt`` makes, on
+    ``dev`` (default: the lazy device, synced each step): the losses, the compile count after each
+    step (lazy only), the model and the optimizer."""
+    lazy = dev != "cpu"
+    dev = lazyxla.device() if dev is None else dev
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(width, 2 * width), nn.Tanh(), nn.Linear(2 * width, 3))
+    x, y = torch.randn(5, width), torch.randint(0, 3, (5,))
+    model = model.to(dev)
+    opt = make_opt(model.parameters())
+    losses, compiles = [], []
+    for _ in range(steps):
+        loss = nn.functional.cross_entropy(model(x.to(dev)), y.to(dev))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if lazy:
+            lazyxla.sync()
+            compiles.append(cnt("UncachedCompile"))
+        losses.append(float(loss))
+    return losses, compiles, model, opt

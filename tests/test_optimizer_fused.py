@@ -9,8 +9,7 @@ import lazyxla
 from lazyxla import optimizer_fused
 from lazyxla.collect import Graph
 from lazyxla.storage import pending
-from lazyhelp import cnt
-from test_optimizer_state import train
+from lazyhelp import cnt, train
 
 DEV = lazyxla.device()
 pytestmark = pytest.mark.usefixtures("nothing_pending")

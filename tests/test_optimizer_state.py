@@ -2,33 +2,13 @@
 start, so a training loop compiles one program before the steady state, not two."""
 import pytest
 import torch
-import torch.nn as nn
 
 import lazyxla
 from lazyxla import optimizer_state
-from lazyhelp import cnt
+from lazyhelp import cnt, train
 
 DEV = lazyxla.device()
 pytestmark = pytest.mark.usefixtures("nothing_pending")
-
-
-def train(make_opt, width, steps=3, dev=DEV):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(width, 2 * width), nn.Tanh(), nn.Linear(2 * width, 3))
-    x, y = torch.randn(5, width), torch.randint(0, 3, (5,))
-    model = model.to(dev)
-    opt = make_opt(model.parameters())
-    losses, compiles = [], []
-    for _ in range(steps):
-        loss = nn.functional.cross_entropy(model(x.to(dev)), y.to(dev))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if dev == DEV:
-            lazyxla.sync()
-            compiles.append(cnt("UncachedCompile"))
-        losses.append(float(loss))
-    return losses, compiles, model, opt
 
 
 @pytest.mark.parametrize("make,width", [
