@@ -39,11 +39,12 @@ from .hashing import fold
 from .ir import Node, OpSig, Slot, TensorMeta, fmt_where, resolve_site, user_frame, user_site
 from .lowering import build_program
 from .lowering import program as _program
-from .storage import fresh
+from .storage import fresh, scalar_value
 from .tensor import LazyTensor, _tensor
 
 SCAN_OP = "lazyxla::scan"
 SCAN_VJP_OP = "lazyxla::scan_vjp"
+UNSTACK_OP = "lazyxla::unstack"
 
 
 class Body:
@@ -293,6 +294,33 @@ class _ScanCall(torch.autograd.Function):
         return (None, None) + tuple(got)
 
 
+def _lower_unstack(sig, x, *index):
+    return tuple(jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False) for i in index)
+
+
+class _StackLayers(torch.autograd.Function):
+    """``torch.stack`` of the layers' parameters, whose backward hands each layer its slice of
+    the stacked gradient through one ``lazyxla::unstack`` node. Its indices are device data
+    (int32 scalars, cached by value), not constants: XLA:CPU compiles every distinct kernel
+    on its own (about 20 ms each here) and compiles identical ones once, so slices at constant
+    offsets, one distinct kernel per layer and parameter (each with the optimizer's update of
+    that parameter fused in), made the compile grow with depth; slices at runtime offsets are
+    one kernel whatever the depth."""
+
+    @staticmethod
+    def forward(ctx, *ts):
+        ctx.meta = TensorMeta(tuple(ts[0].shape), ts[0].dtype)
+        return torch.stack(ts)
+
+    @staticmethod
+    def backward(ctx, g):
+        n = g.shape[0]
+        sig = OpSig(UNSTACK_OP, None, _lower_unstack, (tuple(Slot(i) for i in range(n + 1)), ()), [ctx.meta] * n)
+        index = tuple(scalar_value(i, torch.int32) for i in range(n))
+        node = Node(sig, (g._state.value(),) + index, user_frame(2))
+        return tuple(_tensor(fresh((node, i), ctx.meta)) for i in range(n))
+
+
 # ---------------------------------------------------------------------------------------
 # The API (torch_xla.experimental's names and semantics).
 def scan(fn, init, xs):
@@ -350,7 +378,7 @@ def scan_layers(layers, input_data):
                 if t.shape != ts[0].shape or t.dtype != ts[0].dtype:
                     raise ValueError(f"lazyxla.scan_layers: Shape mismatch: {n} of layer {i} is {list(t.shape)} "
                                      f"{t.dtype}, layer 0's {list(ts[0].shape)} {ts[0].dtype}")
-            stacked[n] = torch.stack(ts)
+            stacked[n] = _StackLayers.apply(*ts)
 
     def one_layer(carry, params):
         return torch.func.functional_call(first, params, (carry,)), None
