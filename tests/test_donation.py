@@ -140,3 +140,33 @@ def test_param_aliasing_env_off_disables_donation():
     """
     assert _run(code, {"XLA_ENABLE_PARAM_ALIASING": "0"}) == "0.0 False"
     assert _run(code, {"XLA_ENABLE_PARAM_ALIASING": "1"}) == "1.0 True"
+
+
+def test_each_donated_buffer_is_given_to_the_tensor_that_replaces_it():
+    """JAX pairs a donated input with the first output of its shape not yet paired: the program's
+    outputs are ordered so that this is the tensor the input's buffer held (paired with another
+    tensor's, XLA copies the parameter in and the result out)."""
+    from lazyxla import events
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(6)]).to(DEV)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(8, 32).to(DEV)
+    seen = []
+
+    def check(prog, graph, outs):
+        import re
+        head = prog.executable.as_text().split("\n")[0]
+        pairs = [(int(k), int(i)) for k, i in re.findall(r"\{(\d+)\}: \((\d+), \{\}", head)]
+        seen.append([graph.params[i].owner().ir == graph.roots[k] for k, i in pairs])
+
+    events.AFTER_RUN.append(check)
+    try:
+        for _ in range(3):
+            model(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            lazyxla.sync()
+    finally:
+        events.AFTER_RUN.remove(check)
+    assert len(seen[-1]) == 24 and all(seen[-1]), seen[-1]  # 6 weights, 6 biases, 12 momentum buffers
