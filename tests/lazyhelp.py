@@ -84,3 +84,22 @@ def train(make_opt, width, steps=3, dev=None):
             compiles.append(cnt("UncachedCompile"))
         losses.append(float(loss))
     return losses, compiles, model, opt
+
+
+def distinct_kernels(text: str) -> int:
+    """The distinct fused computations of an optimized HLO module's text (XLA:CPU generates
+    code for each distinct one once, and that is most of a compile)."""
+    import re
+    bodies = set()
+    for comp in re.split(r"\n(?=%)", text.split("\nENTRY")[0]):
+        head, _, body = comp.partition("\n")
+        if "fused" in head or "wrapped" in head:
+            body = re.sub(r", metadata=\{[^}]*\}", "", body)
+            bodies.add(re.sub(r"%[\w.\-]+", "%x", body))
+    return len(bodies)
+
+
+def last_program_text() -> str:
+    """The optimized HLO of the program compiled or run last."""
+    from lazyxla.cache import computation_cache
+    return computation_cache().values()[-1].executable.as_text()

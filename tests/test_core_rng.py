@@ -195,3 +195,36 @@ def test_default_seed_is_101():
     assert out.returncode == 0, out.stderr[-3000:]
     first, again = json.loads(out.stdout.strip().splitlines()[-1])
     assert first == again
+
+
+def test_each_random_op_draws_from_the_next_seed_of_the_chain():
+    """R8: the k-th random op of a step takes seed_k = 2531011 + 214013 * seed_(k-1) (64-bit
+    wrap) from the step's seed: its numbers are JAX's for that seed."""
+    import jax
+    import jax.numpy as jnp
+
+    n = fresh()
+    lazyxla.manual_seed(77)
+    got = [torch.rand(n, device=DEV) for _ in range(3)]
+    lazyxla.sync()
+    s = 77
+    for g in got:
+        s = (2531011 + 214013 * s) % (1 << 64)
+        want = jax.random.uniform(jax.random.key(jnp.uint64(s) if jax.config.jax_enable_x64 else s,
+                                                 impl="threefry2x32"), (n,), jnp.float32)
+        assert torch.equal(g.cpu(), torch.from_numpy(jax.device_get(want).copy()))
+
+
+def test_random_ops_alike_compile_to_the_same_kernels_whatever_their_number():
+    """The k-th seed is a buffer of its own, not the chain's first k steps copied into the k-th
+    random op's kernel: 8 dropouts compile as many distinct kernels as 2."""
+    from lazyhelp import distinct_kernels, last_program_text
+
+    got = {}
+    for k in (2, 8):
+        x = torch.ones(64, 96, device=DEV)
+        for _ in range(k):
+            x = torch.nn.functional.dropout(x, 0.25) + 1
+        lazyxla.sync()
+        got[k] = distinct_kernels(last_program_text())
+    assert got[8] == got[2], got

@@ -6,7 +6,7 @@ import torch.nn as nn
 
 import lazyxla
 from lazyxla.errors import LazyXlaError
-from lazyhelp import cnt
+from lazyhelp import cnt, distinct_kernels, last_program_text
 
 DEV = lazyxla.device()
 pytestmark = pytest.mark.usefixtures("nothing_pending")
@@ -126,24 +126,10 @@ def test_scan_layers_trains_like_the_loop_and_every_layer_gets_its_gradients():
         close(out, h, rtol=1e-4, atol=1e-5)
 
 
-def _distinct_kernels(text):
-    """The distinct fused computations of an optimized HLO module (XLA:CPU compiles each once)."""
-    import re
-    bodies = set()
-    for comp in re.split(r"\n(?=%)", text.split("\nENTRY")[0]):
-        head, _, body = comp.partition("\n")
-        if "fused" in head or "wrapped" in head:
-            body = re.sub(r", metadata=\{[^}]*\}", "", body)
-            bodies.add(re.sub(r"%[\w.\-]+", "%x", body))
-    return len(bodies)
-
-
 def test_scan_layers_compiles_as_many_distinct_kernels_at_depth_8_as_at_depth_2():
     """Each layer's slice of a stacked gradient is taken at a runtime index: XLA:CPU compiles each
     distinct kernel on its own, and slices at constant offsets (with each parameter's update
     fused in) made one distinct kernel per layer and parameter."""
-    from lazyxla.cache import computation_cache
-
     got = {}
     for depth in (2, 8):
         torch.manual_seed(0)
@@ -156,7 +142,7 @@ def test_scan_layers_compiles_as_many_distinct_kernels_at_depth_8_as_at_depth_2(
         opt.step()
         lazyxla.sync()
         assert cnt("UncachedCompile") == before + 1
-        got[depth] = _distinct_kernels(computation_cache().values()[-1].executable.as_text())
+        got[depth] = distinct_kernels(last_program_text())
     assert got[8] == got[2], got
 
 
