@@ -5,8 +5,10 @@ process without a persistent cache.
 
 Per depth: programs compiled and their seconds, split as lazyxla's metrics split them:
 ``CompileTraceTime`` (the program function traced: lazyxla's lowerings run as JAX traces them),
-``CompileLowerTime`` (JAX emits MLIR) and ``CompileBackendTime`` (XLA's passes and code
-generation); the largest program's share of the run's compile seconds (issue 33 asks for one
+``CompileLowerTime`` (JAX emits MLIR) and ``CompileBackendTime`` (XLA), that split again from
+XLA:CPU's own timing lines (``TF_CPP_VMODULE=cpu_compiler=1``) into its HLO passes and its code
+generation (LLVM, which compiles each distinct kernel once: identical kernels cost nothing more,
+so code generation grows with the kinds of kernels, the passes with their number); the largest program's share of the run's compile seconds (issue 33 asks for one
 program before the steady state: a share near 1).
 
 ``--flags`` runs each depth once per ``XLA_FLAGS`` value (``;`` between values, an empty value
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -68,6 +71,16 @@ def job(depth):
                       "warm_ms": warm_ms}))
 
 
+def xla_split(log):
+    """(HLO passes s, code generation s) summed over the programs in XLA:CPU's timing lines."""
+    def total(what):
+        secs = 0.0
+        for v, unit in re.findall(what + r"[^\n]* time: ([\d.]+) (us|ms|s) ", log):
+            secs += float(v) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[unit]
+        return secs
+    return total(r"Running HLO passes on \[jit_SyncTensorsGraph\]"), total(r"Compiling \[jit_SyncTensorsGraph\]")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--depths", default="2,8,32")
@@ -78,15 +91,18 @@ def main():
         return job(a.job)
     variants = a.flags.split(";") if a.flags is not None else [None]
     print(f"{'depth':>5} {'compiles':>8} {'compile s':>9} {'trace s':>8} {'MLIR s':>7} {'XLA s':>7} "
-          f"{'largest/all':>11} {'warm ms':>8}" + ("  XLA_FLAGS" if a.flags is not None else ""))
+          f"{'passes s':>8} {'codegen s':>9} {'largest/all':>11} {'warm ms':>8}" + ("  XLA_FLAGS" if a.flags is not None else ""))
     for depth in (int(d) for d in a.depths.split(",")):
         for flags in variants:
-            env = dict(os.environ) if flags is None else dict(os.environ, XLA_FLAGS=flags)
+            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="cpu_compiler=1")
+            if flags is not None:
+                env["XLA_FLAGS"] = flags
             r = subprocess.run([sys.executable, __file__, "--job", str(depth)], capture_output=True, text=True,
                                check=True, env=env)
             g = json.loads(r.stdout.strip().splitlines()[-1])
+            passes, codegen = xla_split(r.stderr)
             print(f"{depth:>5} {g['compiles']:>8} {g['total']:>9.2f} {g['trace']:>8.2f} {g['lower']:>7.2f} "
-                  f"{g['backend']:>7.2f} {g['largest'] / g['total'] if g['total'] else 0:>11.2f} "
+                  f"{g['backend']:>7.2f} {passes:>8.2f} {codegen:>9.2f} {g['largest'] / g['total'] if g['total'] else 0:>11.2f} "
                   f"{g['warm_ms']:>8.1f}" + (f"  {flags or '(defaults)'}" if flags is not None else ""))
 
 
