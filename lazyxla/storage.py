@@ -539,7 +539,7 @@ def device_data(array, meta: TensorMeta) -> TensorState:
     return TensorState(Storage.of_data(array, meta), meta)
 
 
-SCALAR_LEAVES: dict = {}  # (Python type, value, dtype) -> device-data IR value
+SCALAR_LEAVES: dict = {}  # (Python type, value, dtype, op, operand) -> device-data IR value
 
 
 def forget_scalars():
@@ -547,9 +547,13 @@ def forget_scalars():
     SCALAR_LEAVES.clear()
 
 
-def scalar_value(v, dtype):
-    """A Python scalar as a device-data IR value (R1.5), cached by value and dtype."""
-    k = (type(v), v, dtype)
+def scalar_value(v, dtype, op=None, slot=None):
+    """A Python scalar as a device-data IR value (R1.5), cached by value and dtype for its role:
+    the op (its counter name) and operand slot that take it. Two roles never share a buffer
+    because their values happen to be equal: that would bind the program's inputs otherwise
+    than when they differ, and compile it twice (NAdam's and RAdam's first step: 1 - beta2 ** 1
+    equal to another scalar of the step, which differs from the second step on)."""
+    k = (type(v), v, dtype, op, slot)
     leaf = SCALAR_LEAVES.get(k)
     if leaf is None:
         _counters["DeviceDataCacheMiss"] = _counters.get("DeviceDataCacheMiss", 0) + 1

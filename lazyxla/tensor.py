@@ -212,8 +212,8 @@ def dispatch(cls, func, types, args=(), kwargs=None):
         for j, dt in sdt.items():
             v = ops[j]
             if type(v) is not tuple:
-                leaf = SCALAR_LEAVES.get((type(v), v, dt))
-                ops[j] = leaf if leaf is not None else scalar_value(v, dt)
+                leaf = SCALAR_LEAVES.get((type(v), v, dt, c, j))
+                ops[j] = leaf if leaf is not None else scalar_value(v, dt, c, j)
     vals = tuple(ops)
     if info.random:
         vals += (rng.next_seed(),)

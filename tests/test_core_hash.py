@@ -221,6 +221,23 @@ def test_changing_a_scalar_reuses_the_compiled_program_with_new_value():
     torch.testing.assert_close(z.cpu(), host * 0.25)
 
 
+def test_two_scalars_that_happen_to_be_equal_do_not_change_the_program():
+    """Scalars are cached by value for their role (op and operand): equal values in two roles are
+    two parameters, as unequal ones are, so the same program serves both."""
+    n = fresh()
+    host, x = dev_data(n, seed=8)
+    y = x * 0.375 - x.exp() / 0.375
+    h1 = gh(y)
+    u0 = cnt("UncachedCompile")
+    lazyxla.sync()
+    torch.testing.assert_close(y.cpu(), host * 0.375 - host.exp() / 0.375)
+    z = x * 0.375 - x.exp() / 0.625
+    assert gh(z) == h1
+    lazyxla.sync()
+    assert cnt("UncachedCompile") - u0 == 1
+    torch.testing.assert_close(z.cpu(), host * 0.375 - host.exp() / 0.625)
+
+
 def test_different_hash_means_a_new_compile():
     n = fresh()
     host, x = dev_data(n, seed=8)

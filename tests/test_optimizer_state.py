@@ -19,7 +19,9 @@ pytestmark = pytest.mark.usefixtures("nothing_pending")
     (lambda p: torch.optim.Adagrad(p, lr=1e-1, initial_accumulator_value=0.3), 17),  # state made when built
     (lambda p: torch.optim.SGD(p, lr=1e-1, momentum=0.9), 19),  # the first step clones the gradient
     (lambda p: torch.optim.SGD(p, lr=1e-1, momentum=0.9, nesterov=True, weight_decay=0.01, foreach=False), 21),
-], ids=["adamw", "adam-loop", "adamax", "rmsprop", "adagrad", "sgd-momentum", "sgd-nesterov-loop"])
+    (lambda p: torch.optim.NAdam(p, lr=1e-2), 23),  # the first step's scalars: two of them equal
+    (lambda p: torch.optim.RAdam(p, lr=1e-2), 25),
+], ids=["adamw", "adam-loop", "adamax", "rmsprop", "adagrad", "sgd-momentum", "sgd-nesterov-loop", "nadam", "radam"])
 def test_the_first_steps_compile_one_program_and_train_like_eager(make, width):
     before, made = cnt("UncachedCompile"), cnt("OptimizerStateAsData")
     got, compiles, model, _ = train(make, width)
