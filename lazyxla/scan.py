@@ -308,8 +308,8 @@ class _StackLayers(torch.autograd.Function):
     one kernel whatever the depth."""
 
     @staticmethod
-    def forward(ctx, *ts):
-        ctx.meta = TensorMeta(tuple(ts[0].shape), ts[0].dtype)
+    def forward(ctx, where, *ts):
+        ctx.meta, ctx.where = TensorMeta(tuple(ts[0].shape), ts[0].dtype), where
         return torch.stack(ts)
 
     @staticmethod
@@ -317,8 +317,8 @@ class _StackLayers(torch.autograd.Function):
         n = g.shape[0]
         sig = OpSig(UNSTACK_OP, None, _lower_unstack, (tuple(Slot(i) for i in range(n + 1)), ()), [ctx.meta] * n)
         index = tuple(scalar_value(i, torch.int32) for i in range(n))
-        node = Node(sig, (g._state.value(),) + index, user_frame(2))
-        return tuple(_tensor(fresh((node, i), ctx.meta)) for i in range(n))
+        node = Node(sig, (g._state.value(),) + index, ctx.where)
+        return (None,) + tuple(_tensor(fresh((node, i), ctx.meta)) for i in range(n))
 
 
 # ---------------------------------------------------------------------------------------
@@ -358,6 +358,7 @@ def scan_layers(layers, input_data):
     stacked parameters and buffers (the layers must be alike: the same names, shapes and
     dtypes). Returns the last layer's output. Each layer's parameters get their gradients
     (through the stack)."""
+    where = user_site(2)
     layers = list(layers)
     if not layers:
         return input_data
@@ -378,7 +379,7 @@ def scan_layers(layers, input_data):
                 if t.shape != ts[0].shape or t.dtype != ts[0].dtype:
                     raise ValueError(f"lazyxla.scan_layers: Shape mismatch: {n} of layer {i} is {list(t.shape)} "
                                      f"{t.dtype}, layer 0's {list(ts[0].shape)} {ts[0].dtype}")
-            stacked[n] = _StackLayers.apply(*ts)
+            stacked[n] = _StackLayers.apply(where, *ts)
 
     def one_layer(carry, params):
         return torch.func.functional_call(first, params, (carry,)), None
