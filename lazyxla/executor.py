@@ -56,24 +56,38 @@ def buffer_donors(graph: Graph, synced) -> tuple:
 
 def pair_donations(graph: Graph, storages, roots, donors):
     """The outputs ordered so that each donated parameter's buffer is given to the output that
-    replaces it: first the donors' own storages, in donor order, then the rest as they were.
-    JAX pairs a donated input with the first output of the same shape and dtype not yet paired,
-    in order; paired with another tensor's output, the two buffers' lives cross and XLA copies
-    the parameter in and the result out (two more kernels per buffer to compile and run: 1346
-    copies in a 32-layer training step, where 174 of 192 donations crossed). Returns
-    (storages, roots) in that order; ``graph.roots`` follows them."""
+    replaces it. JAX gives a donated input to the first output of its shape and dtype not yet
+    paired, in order; paired with another tensor's output, the two buffers' lives cross and XLA
+    copies the parameter in and the result out (two more kernels per buffer to compile and run:
+    1346 copies in a 32-layer training step, where 174 of 192 donations crossed). So among the
+    outputs of one shape and dtype, the donors' own tensors come first, in donor order, then the
+    others as they were; outputs keep the places of their shape class, so that everything else
+    (and a recompile's explanation, which compares tensors by place) sees the arena's order.
+    Returns (storages, roots) in that order; ``graph.roots`` follows them."""
+    if not donors:
+        return storages, roots
     at = {id(st): k for k, st in enumerate(storages)}
-    first, taken = [], set()
+    avals = [(r.sig.outs[j].shape, r.sig.outs[j].dtype) for r, j in graph.roots]
+    first, taken = {}, set()  # shape class -> the donors' own outputs, in donor order
     for i in donors:
-        ref = graph.params[i].owner
+        leaf = graph.params[i]
+        ref = leaf.owner
         st = ref() if ref is not None else None
         k = at.get(id(st)) if st is not None else None
-        if k is not None and k not in taken:
+        meta = leaf.sig.outs[0]
+        if k is not None and k not in taken and avals[k] == (meta.shape, meta.dtype):
             taken.add(k)
-            first.append(k)
-    if all(k == j for j, k in enumerate(first)):
+            first.setdefault(avals[k], []).append(k)
+    places = {}
+    for k, a in enumerate(avals):
+        if a in first:
+            places.setdefault(a, []).append(k)
+    order = list(range(len(storages)))
+    for a, ks in first.items():
+        for place, k in zip(places[a], ks + [k for k in places[a] if k not in taken]):
+            order[place] = k
+    if all(k == j for j, k in enumerate(order)):
         return storages, roots
-    order = first + [k for k in range(len(storages)) if k not in taken]
     graph.roots = [graph.roots[k] for k in order]
     return [storages[k] for k in order], [roots[k] for k in order]
 
