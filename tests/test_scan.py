@@ -116,6 +116,7 @@ def test_scan_layers_trains_like_the_loop_and_every_layer_gets_its_gradients():
         h.pow(2).mean().backward()
         out = lazyxla.scan_layers(lz, xd)
         out.pow(2).mean().backward()
+        lazyxla.sync()  # every gradient in one program, not one program per read
         for (n, p), q in zip(ref.named_parameters(), lz.parameters()):
             close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
         opt_r.step()
