@@ -25,6 +25,8 @@ executor's read guard while tracing.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import torch
@@ -298,6 +300,13 @@ def _lower_unstack(sig, x, *index):
     return tuple(jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False) for i in index)
 
 
+@functools.lru_cache(maxsize=256)
+def _unstack_sig(n, meta):
+    """The ``lazyxla::unstack`` signature for ``n`` slices of ``meta``, made (and hashed) once
+    per (n, meta): every training step's backward takes it."""
+    return OpSig(UNSTACK_OP, None, _lower_unstack, (tuple(Slot(i) for i in range(n + 1)), ()), [meta] * n)
+
+
 class _StackLayers(torch.autograd.Function):
     """``torch.stack`` of the layers' parameters, whose backward hands each layer its slice of
     the stacked gradient through one ``lazyxla::unstack`` node. Its indices are device data
@@ -315,9 +324,8 @@ class _StackLayers(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         n = g.shape[0]
-        sig = OpSig(UNSTACK_OP, None, _lower_unstack, (tuple(Slot(i) for i in range(n + 1)), ()), [ctx.meta] * n)
-        index = tuple(scalar_value(i, torch.int32) for i in range(n))
-        node = Node(sig, (g._state.value(),) + index, ctx.where)
+        index = tuple(scalar_value(i, torch.int32) for i in range(n))  # cached by value (dropped under SPMD)
+        node = Node(_unstack_sig(n, ctx.meta), (g._state.value(),) + index, ctx.where)
         return (None,) + tuple(_tensor(fresh((node, i), ctx.meta)) for i in range(n))
 
 
