@@ -27,6 +27,8 @@ from . import storage as _storage
 from . import metrics as _metrics
 from . import optimizer_state as _optimizer_state
 from . import optimizer_fused as _optimizer_fused
+from . import optimizer_counts as _optimizer_counts
+from . import optimizer_stacks as _optimizer_stacks
 from . import hf_masks as _hf_masks
 from .closures import add_step_closure
 from .compiled_step import compile, step  # noqa: A004 - torch_xla's names; torch.compile is another thing
@@ -45,6 +47,8 @@ _c10d.register()
 _autocast.register()
 _optimizer_state.install()
 _optimizer_fused.install()
+_optimizer_counts.install()
+_optimizer_stacks.install()
 _hf_masks.install()
 debug.install()
 _events.subscribe(_closures.StepClosures())

@@ -5,8 +5,8 @@ more than that:
 
 - aliases (``detach``, ``alias``), reads (``_local_scalar_dense``: ``.item()``), transfers and
   casts (``_to_copy``), copies (``copy_``), ``set_``, ``resize_``, in-place view ops (``t_``,
-  ``transpose_``, ``unsqueeze_``, ``squeeze_``, ``as_strided_``), ``_foreach_*`` lists and the
-  fused Adam/AdamW steps, one node for all their parameters (``SPECIAL``, ``special_for``);
+  ``transpose_``, ``unsqueeze_``, ``squeeze_``, ``as_strided_``), ``_foreach_*`` lists (``SPECIAL``,
+  ``special_for``; the fused Adam/AdamW steps are ``optimizer_stacks``' entries in it);
 - an op without a lowering that PyTorch can decompose into others (``decompose``);
 - an op with neither: it runs on the CPU with its inputs read, and the results are uploaded,
   counted as ``aten::<op>`` (``fallback``).
@@ -26,10 +26,10 @@ import torch
 from . import lowering, metrics
 from .device import BACKEND, DEVICE, is_lazy
 from .executor import read_values
-from .ir import Node, OpSig, Slot, fmt_where, user_frame, user_site
+from .ir import fmt_where, user_frame
 from .errors import LazyXlaError
 from .signature import check_writable, describe, flat_tensors
-from .storage import converted, scalar_value, upload
+from .storage import converted, upload
 
 aten = torch.ops.aten
 
@@ -146,7 +146,7 @@ def _resize_as(func, info, args, kwargs):
     return _resize(func, info, (args[0], list(args[1].shape)), {})
 
 
-def _foreach(func, info, args, kwargs):
+def foreach(func, info, args, kwargs):
     """``_foreach_<op>[_]``: the same op on each element of the lists, recorded one by one."""
     name = func._schema.name.split("::")[1][len("_foreach_"):]
     single = getattr(aten, name)
@@ -164,44 +164,6 @@ def _foreach(func, info, args, kwargs):
     return None if name.endswith("_") else res
 
 
-def _fused_adam(func, info, args, kwargs):
-    """``_fused_adam_`` / ``_fused_adamw_`` (and their ``tensor_lr`` forms): one node for the whole
-    step (``lowering.lower_fused_adam``), each written tensor given its new value from it."""
-    a = dict(zip((x.name for x in func._schema.arguments), args))
-    a.update(kwargs)
-    params, grads, ms, vs, vmaxs, steps = (list(a[k]) for k in ("self", "grads", "exp_avgs", "exp_avg_sqs",
-                                                                  "max_exp_avg_sqs", "state_steps"))
-    n = len(params)
-    if not n:
-        return None
-    amsgrad, scale, inf = bool(a["amsgrad"]), a.get("grad_scale"), a.get("found_inf")
-    lr = a["lr"]
-    if not isinstance(lr, torch.Tensor):
-        lr = scalar_value(float(lr), torch.float32)
-    else:
-        lr = lr._state.value()
-    written = params + ms + vs + (vmaxs if amsgrad else []) + (grads if scale is not None else [])
-    operands = params + grads + ms + vs + (vmaxs if amsgrad else []) + steps
-    values = [t._state.value() for t in operands] + [lr] + [t._state.value() for t in (scale, inf) if t is not None]
-    kw = (("n", n), ("beta1", float(a["beta1"])), ("beta2", float(a["beta2"])),
-          ("weight_decay", float(a["weight_decay"])), ("eps", float(a["eps"])), ("amsgrad", amsgrad),
-          ("maximize", bool(a["maximize"])), ("decoupled", "adamw" in info.name), ("scaled", scale is not None),
-          ("checked", inf is not None))
-    metas = tuple(t._state.meta for t in written)
-    k = (info.name, metas, tuple(v[0].sig.outs[v[1]] for v in values), kw)
-    sig = _FUSED_SIGS.get(k)
-    if sig is None:
-        sig = _FUSED_SIGS[k] = OpSig("aten::" + info.name.split("::")[-1], None, lowering.lower_fused_adam,
-                                     (tuple(Slot(i) for i in range(len(values))), kw), metas)
-    metrics.counter_inc("xla::" + info.name.split("::")[-1].split(".")[0])
-    node = Node(sig, tuple(values), user_site(2))
-    for i, t in enumerate(written):
-        t._state.write((node, i))
-    return None
-
-
-_FUSED_SIGS: dict = {}
-
 SPECIAL = {
     aten.detach.default: _identity_alias,
     aten.alias.default: _identity_alias,
@@ -212,10 +174,6 @@ SPECIAL = {
     aten.resize_.default: _resize,
     aten.resize_as_.default: _resize_as,
     aten.set_.source_Tensor: _set,
-    aten._fused_adam_.default: _fused_adam,
-    aten._fused_adam_.tensor_lr: _fused_adam,
-    aten._fused_adamw_.default: _fused_adam,
-    aten._fused_adamw_.tensor_lr: _fused_adam,
 }
 
 
@@ -223,7 +181,7 @@ def special_for(func, info):
     """The handling of its own that ``func`` needs, or None (recorded by the warm path)."""
     s = SPECIAL.get(func)
     if s is None and info.name.startswith("aten::_foreach_"):
-        s = _foreach
+        s = foreach
     if s is None and info.inplace_view:
         s = _inplace_view
     if s is None and info.kind in ("inplace", "out") and info.functional not in (None, func):

@@ -53,7 +53,7 @@ import torch.nn as nn
 import torch.optim.optimizer as _optim
 from torch.utils import _pytree as pytree
 
-from . import closures, eager, events, executor, metrics, rng, storage
+from . import closures, eager, events, executor, metrics, optimizer_counts, rng, storage
 from .debug.explain import explain
 from .errors import LazyXlaError
 from .execution import Completion, ExecutionError, Placeholder, resolve, run
@@ -201,6 +201,7 @@ class _Capture:
             eager.ON = self.was_eager
             raise
         self.thread = threading.get_ident()
+        optimizer_counts.before_capture()
         self.states = [(s, s.storage, s.chain, s.meta) for s in live_states()]
         self.before = {}
         for _, st, _, _ in self.states:

@@ -103,6 +103,15 @@ class Storage:
         self.donate = False  # a user's donation mark belongs to the old buffer
         self.uploaded = -1
 
+    def set_leaf(self, leaf):
+        """The storage's value is now ``leaf``, a device-data leaf of no storage that others may
+        hold too (a Python scalar's buffer, R1.5): never donated, not pending."""
+        self.ir = (leaf, 0)
+        self.data = leaf.data
+        self.version += 1
+        self.donate = False
+        self.uploaded = -1
+
     @staticmethod
     def set_all(storages, arrays):
         """``set_data`` of each storage to its array (a sync's outputs, in order), in one loop:

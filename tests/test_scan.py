@@ -130,7 +130,9 @@ def test_scan_layers_trains_like_the_loop_and_every_layer_gets_its_gradients():
 def test_scan_layers_compiles_as_many_distinct_kernels_at_depth_8_as_at_depth_2():
     """Each layer's slice of a stacked gradient is taken at a runtime index: XLA:CPU compiles each
     distinct kernel on its own, and slices at constant offsets (with each parameter's update
-    fused in) made one distinct kernel per layer and parameter."""
+    fused in) made one distinct kernel per layer and parameter: six more per layer, 36 more at
+    depth 8. (XLA fuses a stack of 2 a little otherwise than one of 8: 81, 84, 84, 80, 80
+    distinct kernels at depths 2, 4, 8, 16, 32.)"""
     got = {}
     for depth in (2, 8):
         torch.manual_seed(0)
@@ -144,7 +146,7 @@ def test_scan_layers_compiles_as_many_distinct_kernels_at_depth_8_as_at_depth_2(
         lazyxla.sync()
         assert cnt("UncachedCompile") == before + 1
         got[depth] = distinct_kernels(last_program_text())
-    assert got[8] == got[2], got
+    assert got[8] - got[2] < 6, got  # less than one layer's worth
 
 
 def test_what_a_loop_cannot_hold_is_refused_at_the_users_line():

@@ -8,7 +8,8 @@ are their new values; ``lower_fused_adam`` computes, per parameter, what PyTorch
 computes: the gradient unscaled by ``grad_scale`` (given back: the kernel writes it) and
 negated under ``maximize``; weight decay (AdamW: the parameter shrinks by ``lr *
 weight_decay``; Adam: added to the gradient); the moments (``lerp``, the squared gradient);
-the bias corrections from each step count (which the optimizer keeps on the device); amsgrad's
+the bias corrections from each step count (which the optimizer keeps on the device; computed
+once per distinct count, and equal counts are one input: ``optimizer_counts``); amsgrad's
 running maximum; and nothing changed where ``found_inf`` (a gradient scaler's) is set. The
 learning rate is an operand (a scheduler changes it every step); the other settings are the
 signature's. Touches nothing.
@@ -21,60 +22,110 @@ import jax
 import jax.numpy as jnp
 
 
-def lower_fused_adam(sig, *xs, n, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled, scaled,
-                     checked):
-    """``xs``: params, grads, exp_avgs, exp_avg_sqs, [max_exp_avg_sqs], steps (``n`` each), lr,
-    [grad_scale], [found_inf]. Returns the new params, exp_avgs, exp_avg_sqs, [max_exp_avg_sqs],
-    [unscaled grads], each list in order. Each parameter's update is one nested ``jax.jit`` of
-    the settings: JAX traces it once per shape and dtype, not once per parameter (a 32-layer
-    model's 192 parameters took 0.9 s of tracing)."""
-    lists = [xs[i * n:(i + 1) * n] for i in range(5 if amsgrad else 4)]
-    rest = xs[len(lists) * n:]
-    steps, rest = rest[:n], rest[n:]
-    lr, rest = rest[0], rest[1:]
-    extra = (lr,) + ((rest[0],) if scaled else ()) + ((rest[-1],) if checked else ())
-    one = _update(beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled, scaled, checked)
-    outs = [one(*(lst[i] for lst in lists), steps[i], *extra) for i in range(n)]
-    k = len(outs[0]) if outs else 0
-    return tuple(o[j] for j in range(k) for o in outs)
+def lower_fused_adam(sig, *xs, n, groups, layout, beta1, beta2, weight_decay, eps, amsgrad, maximize,
+                     decoupled, scaled, checked):
+    """``xs``: the ``n`` params; per group (``groups``: positions of same-shaped params), its
+    gradients (one stacked operand when ``layout`` says so, else one per member); per moment
+    list (exp_avgs, exp_avg_sqs, [max_exp_avg_sqs]), per group, its moments (one stacked
+    ``[L, *shape]`` operand when ``layout`` says so, else the group is one parameter); the ``n``
+    step counts;
+    lr; [grad_scale]; [found_inf]; the rows' offsets (int32 data). Returns the new params, the
+    new moments in the operands' layout, and [the unscaled grads], in that order.
+
+    A group's moments are updated stacked (one kernel per moment, whatever the number of
+    members); each parameter's update reads its rows at a runtime offset, so that it is one
+    kernel for every row. Both are nested ``jax.jit``s of the settings: traced once per shape."""
+    it = iter(xs)
+    params = [next(it) for _ in range(n)]
+    grads = [next(it) if lay[0] else jnp.stack([next(it) for _ in ix]) for ix, lay in zip(groups, layout)]
+    nm = 3 if amsgrad else 2
+    moments = [[next(it) if lay[1] else jnp.stack([next(it) for _ in ix]) for ix, lay in zip(groups, layout)]
+               for j in range(nm)]
+    steps = [next(it) for _ in range(n)]
+    lr = next(it)
+    scale = next(it) if scaled else None
+    inf = next(it) if checked else None
+    rows = list(it)
+    keep = (inf == 0).reshape(()) if checked else None
+    bias = {}  # a step count's bias corrections, once per distinct count (``optimizer_counts``: all one)
+    for s in steps:
+        if id(s) not in bias:
+            step = s.reshape(()).astype(jnp.float32)
+            bias[id(s)] = (1 - jnp.power(jnp.float32(beta1), step), jnp.sqrt(1 - jnp.power(jnp.float32(beta2), step)))
+    stacked = _moments_step(beta1, beta2, weight_decay, maximize, decoupled, scaled, checked, amsgrad)
+    one = _param_step(weight_decay, eps, decoupled, checked)
+    new_p = [None] * n
+    new_moments = [[] for _ in range(nm)]
+    unscaled = [None] * n
+    for g, ix in enumerate(groups):
+        p_stack = jnp.stack([params[i] for i in ix]) if weight_decay != 0 and not decoupled else None
+        got = stacked(grads[g], p_stack, *(moments[j][g] for j in range(nm)), *((scale,) if scaled else ()),
+                      *((keep,) if checked else ()))
+        fresh, kept, g_used = got[:nm], got[nm:2 * nm], got[2 * nm]
+        for j in range(nm):
+            new_moments[j].append(kept[j] if layout[g][1] else [kept[j][0]])
+        denom_src = fresh[2] if amsgrad else fresh[1]
+        row = (lambda x, k: x[0]) if len(ix) == 1 else (lambda x, k: jax.lax.dynamic_index_in_dim(x, rows[k], 0, False))
+        counts = {id(steps[i]) for i in ix}
+        if len(ix) > 1 and len(counts) == 1:  # one count: the members' updates as one stacked kernel
+            p_stack = p_stack if p_stack is not None else jnp.stack([params[i] for i in ix])
+            new_stack = one(p_stack, fresh[0], denom_src, *bias[counts.pop()], lr, *((keep,) if checked else ()))
+            for k, i in enumerate(ix):
+                new_p[i] = row(new_stack, k)
+        else:
+            for k, i in enumerate(ix):
+                new_p[i] = one(params[i], row(fresh[0], k), row(denom_src, k), *bias[id(steps[i])], lr,
+                               *((keep,) if checked else ()))
+        if scaled:
+            for k, i in enumerate(ix):
+                unscaled[i] = row(g_used, k)
+    out = list(new_p)
+    for j in range(nm):
+        for g, got in enumerate(new_moments[j]):
+            out += [got] if layout[g][1] else got
+    return tuple(out) + (tuple(unscaled) if scaled else ())
 
 
 @functools.lru_cache(maxsize=64)
-def _update(beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled, scaled, checked):
-    """One parameter's step for these settings: (p, g, m, v, [vmax], step, lr, [scale],
-    [found_inf]) -> (new p, m, v, [vmax], [unscaled g])."""
+def _moments_step(beta1, beta2, weight_decay, maximize, decoupled, scaled, checked, amsgrad):
+    """A group's stacked moments for these settings: (g, p stacked or None, m, v, [vmax],
+    [scale], [keep]) -> (new m, v, [vmax]; the same kept where ``found_inf`` is unset; the
+    gradient as used (unscaled))."""
 
-    def one(p, g, m, v, *rest):
+    def step(g, p, m, v, *rest):
         vmax, rest = (rest[0], rest[1:]) if amsgrad else (None, rest)
-        step, lr, rest = rest[0], rest[1], rest[2:]
         scale = rest[0] if scaled else None
-        keep = (rest[-1] == 0).reshape(()) if checked else None
-        out_g = ()
+        keep = rest[-1] if checked else None
         if scaled:
             g = g / scale.reshape(()).astype(g.dtype)
-            out_g = (g,)
+        g_used = g
         if maximize:
             g = -g
+        if weight_decay != 0 and not decoupled:
+            g = g + p * weight_decay
+        new_m = m + (g - m) * (1 - beta1)
+        new_v = v * beta2 + (g * g) * (1 - beta2)
+        fresh = (new_m, new_v) + ((jnp.maximum(vmax, new_v),) if amsgrad else ())
+        old = (m, v) + ((vmax,) if amsgrad else ())
+        kept = fresh if keep is None else tuple(jnp.where(keep, f, o) for f, o in zip(fresh, old))
+        return fresh + kept + (g_used,)
+
+    return jax.jit(step)
+
+
+@functools.lru_cache(maxsize=64)
+def _param_step(weight_decay, eps, decoupled, checked):
+    """One parameter's update for these settings: (p, its new exp_avg, its new exp_avg_sq (or
+    running maximum), bias1, bias2_sqrt, lr, [keep]) -> new p."""
+
+    def one(p, m, v, bias1, bias2_sqrt, lr, *rest):
         dt = p.dtype
         lr_ = lr.reshape(()).astype(dt)
         new_p = p
-        if weight_decay != 0:
-            if decoupled:
-                new_p = p - (p * weight_decay) * lr_
-            else:
-                g = g + p * weight_decay
-        new_m = m + (g - m) * (1 - beta1)
-        new_v = v * beta2 + (g * g) * (1 - beta2)
-        step = step.reshape(()).astype(jnp.float32)
-        bias1 = 1 - jnp.power(jnp.float32(beta1), step)
-        bias2_sqrt = jnp.sqrt(1 - jnp.power(jnp.float32(beta2), step))
-        if amsgrad:
-            new_vmax = jnp.maximum(vmax, new_v)
-            denom = jnp.sqrt(new_vmax) / bias2_sqrt.astype(dt) + eps
-        else:
-            denom = jnp.sqrt(new_v) / bias2_sqrt.astype(dt) + eps
-        new_p = new_p - (lr_ / bias1.astype(dt)) * new_m / denom
-        pairs = [(p, new_p), (m, new_m), (v, new_v)] + ([(vmax, new_vmax)] if amsgrad else [])
-        return tuple(new if keep is None else jnp.where(keep, new, old) for old, new in pairs) + out_g
+        if weight_decay != 0 and decoupled:
+            new_p = p - (p * weight_decay) * lr_
+        denom = jnp.sqrt(v) / bias2_sqrt.astype(dt) + eps
+        new_p = new_p - (lr_ / bias1.astype(dt)) * m / denom
+        return new_p if not checked else jnp.where(rest[0], new_p, p)
 
     return jax.jit(one)

@@ -1,0 +1,236 @@
+"""The fused Adam/AdamW step recorded as one node, its moments of same-shaped parameters stacked.
+
+``_fused_adam_`` and ``_fused_adamw_`` (torch's fused kernels, lazyxla's default for Adam and
+AdamW: ``optimizer_fused``) update lists of parameters and their state in place. Each is
+recorded as one node (``lowering.lower_fused_adam``) whose outputs are the new values.
+
+Every tensor a program writes is an output of its own, and XLA compiles each output's kernel
+as an instance of its own (its HLO passes grow with them), so a model of 32 alike layers paid
+three per parameter: the parameter and its two moments. The moments are the optimizer's own:
+nothing but the step reads them. So the moments of parameters of one shape and dtype (all the
+layers' ``fc1.weight``) live stacked: one buffer ``[L, *shape]`` per moment and shape, each
+parameter's moment a view of its row (``exp_avg[k]``, as ``opt.state`` shows it), updated by
+one stacked kernel, and so are the parameters' updates (the parameters stacked in the program,
+each new one taken back at its row's runtime offset: int32 data, one kernel for every row). The
+gradients of ``scan_layers``' parameters, slices of one stacked gradient (``lazyxla::unstack``),
+enter stacked as they are; separate gradients are stacked in the program.
+
+The rules, in order, per group of parameters of one shape and dtype (in their list order):
+
+| the group                                                      | its moments in the step        |
+|----------------------------------------------------------------|--------------------------------|
+| one parameter; or its gradients are separate tensors and it has | as they are, one by one        |
+| fewer than ``MIN_ROWS`` members (an unrolled model's few layers)|                                |
+| its moments are the rows of one stack made here, in order       | the stack (read and written)   |
+| its moments are device data, not views, no sharding, no other   | stacked first (read back, sent |
+| tensor's alias (the first step's zeros: ``optimizer_state``)    | as one buffer: ``MomentsStacked``) |
+| anything else (pending IR, a view, an alias)                    | one by one                     |
+
+Values are those of PyTorch's kernel, element for element (the same arithmetic in the same
+order). Stacking is off under SPMD (each moment keeps its parameter's layout), in a job of
+several processes, while a step is captured (its bindings are the tensors'), and with
+``LAZYXLA_STACK_MOMENTS=0``.
+
+May touch: the moments it stacks (their states become views of the stack), the arena's
+storages, metrics counters. Records through ``ops``' table (``install``).
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from . import lowering, metrics, ops, storage
+from .config import env_flag
+from .ir import Node, OpSig, Slot, user_site
+from .scan import UNSTACK_OP
+from .storage import scalar_value
+from .tensor import LazyTensor, _tensor, reroute
+from .xla import download, process_mesh, spmd
+
+ENABLED = env_flag("LAZYXLA_STACK_MOMENTS", True)
+# A group of separate gradients is stacked from this many members on: stacking them (and the
+# parameters) costs copies and a few more distinct kernels, which fewer instances repay only
+# then (measured: ``bench/compile_depth.py``, ``bench/models.py``' GPT-2).
+MIN_ROWS = 16
+aten = torch.ops.aten
+_FUSED = (aten._fused_adam_.default, aten._fused_adam_.tensor_lr, aten._fused_adamw_.default,
+          aten._fused_adamw_.tensor_lr)
+
+# a stack's storage -> the view chain of each row, by row (a member is row k while its state
+# has this storage and exactly this chain object)
+_ROWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_SIGS: dict = {}
+
+
+def _groups(params, grads) -> tuple:
+    """(groups, stacked gradient of each or None): the parameters whose gradients are all the
+    slices of one ``lazyxla::unstack`` (``scan_layers``' layers), in slice order, with the
+    stacked gradient; the others grouped by shape and dtype. Groups in their first member's order."""
+    by_u, rest = {}, []
+    for i, g in enumerate(grads):
+        v = g._state.value()
+        if v[0].sig.op == UNSTACK_OP:
+            by_u.setdefault(id(v[0]), (v[0], []))[1].append((v[1], i))
+        else:
+            rest.append(i)
+    out = []
+    for u, got in by_u.values():
+        got.sort()
+        if [k for k, _ in got] == list(range(len(u.sig.outs))) and len(got) > 1:
+            out.append((tuple(i for _, i in got), u.operands[0]))
+        else:
+            rest += [i for _, i in got]
+    by = {}
+    for i in sorted(rest):
+        by.setdefault((tuple(params[i].shape), params[i].dtype), []).append(i)
+    out += [(tuple(ix), None) for ix in by.values()]
+    out.sort(key=lambda g: g[0][0])
+    return tuple(g for g, _ in out), [u for _, u in out]
+
+
+def _stack_of(members):
+    """The storage these tensors are the rows of, in order, or None."""
+    s0 = members[0]._state
+    st = s0.storage
+    rows = _ROWS.get(st)
+    if rows is None or len(rows) != len(members):
+        return None
+    for t, chain in zip(members, rows):
+        s = t._state
+        if s.storage is not st or s.chain is not chain:
+            return None
+    return st
+
+
+def _can_stack(members, aliased) -> bool:
+    m0 = members[0]._state.meta
+    for t in members:
+        s = t._state
+        st = s.storage
+        if (type(t) is not LazyTensor or s.chain is not None or st.data is None or st.sharding is not None
+                or s.meta != m0 or id(st) in aliased):
+            return False
+    return True
+
+
+def _stack(members):
+    """Make the tensors the rows of one new buffer holding their values (read back, stacked on
+    the host, sent as one buffer); returns its storage."""
+    hosts = download([t._state.storage.data for t in members], [t._state.meta.dtype for t in members])
+    whole = _tensor(storage.upload(torch.stack(hosts)))
+    rows = []
+    for t, row in zip(members, aten.unbind.int(whole, 0)):  # one view op for all rows
+        ops.become(t, row)
+        rows.append(t._state.chain)
+    st = whole._state.storage
+    _ROWS[st] = tuple(rows)
+    metrics.counter_inc("MomentsStacked", len(members))
+    return st
+
+
+def _aliased(states_lists) -> set:
+    """Ids of the storages of these tensors that another live tensor shares (an alias a stack
+    would leave behind)."""
+    mine = {id(t._state.storage) for ts in states_lists for t in ts}
+    seen, out = set(), set()
+    for s in storage.live_states():
+        k = id(s.storage)
+        if k in mine:
+            if k in seen:
+                out.add(k)
+            seen.add(k)
+    return out
+
+
+def _moments(lists, groups, stacking, worth):
+    """The groups as stepped (a group whose moments cannot all be stacked steps its members one
+    by one) and, per moment list, per such group, the storage of its stack (or None: one
+    member). Stacks what the rules allow."""
+    aliased = None
+    out_groups, stacks = [], []
+    for ix, w in zip(groups, worth):
+        got = None
+        if len(ix) > 1 and w:
+            got = []
+            for ts in lists:
+                members = [ts[i] for i in ix]
+                st = _stack_of(members)
+                if st is None and stacking:
+                    if aliased is None:
+                        aliased = _aliased(lists)
+                    if _can_stack(members, aliased):
+                        st = _stack(members)
+                if st is None:
+                    got = None
+                    break
+                got.append(st)
+        if got is None:
+            out_groups += [(i,) for i in ix]
+            stacks += [None] * len(ix)
+        else:
+            out_groups.append(ix)
+            stacks.append(got)
+    return tuple(out_groups), stacks
+
+
+def record(func, info, args, kwargs):
+    """``_fused_adam_`` / ``_fused_adamw_`` (and their ``tensor_lr`` forms): one node for the
+    whole step, each written tensor (or stack) given its new value from it."""
+    a = dict(zip((x.name for x in func._schema.arguments), args))
+    a.update(kwargs)
+    params, grads, ms, vs, vmaxs, steps = (list(a[k]) for k in ("self", "grads", "exp_avgs", "exp_avg_sqs",
+                                                                  "max_exp_avg_sqs", "state_steps"))
+    n = len(params)
+    if not n:
+        return None
+    amsgrad, scale, inf = bool(a["amsgrad"]), a.get("grad_scale"), a.get("found_inf")
+    lr = a["lr"]
+    lr = scalar_value(float(lr), torch.float32) if not isinstance(lr, torch.Tensor) else lr._state.value()
+    stacking = ENABLED and storage.upload_hook is None and not spmd() and process_mesh() is None
+    lists = [ms, vs] + ([vmaxs] if amsgrad else [])
+    groups, gstack = _groups(params, grads)
+    worth = [g is not None or len(ix) >= MIN_ROWS for ix, g in zip(groups, gstack)]
+    stacked_grad = dict(zip(groups, gstack))
+    groups, stacks = _moments(lists, groups, stacking, worth)
+    gstack = [stacked_grad.get(ix) if len(ix) > 1 else None for ix in groups]
+    values = [t._state.value() for t in params]
+    for ix, gs in zip(groups, gstack):
+        values += [gs] if gs is not None else [grads[i]._state.value() for i in ix]
+    for j, ts in enumerate(lists):
+        for ix, st in zip(groups, stacks):
+            values += [st[j].ir] if st is not None else [ts[i]._state.value() for i in ix]
+    values += [t._state.value() for t in steps] + [lr] + [t._state.value() for t in (scale, inf) if t is not None]
+    values += [scalar_value(k, torch.int32) for k in range(max((len(ix) for ix in groups if len(ix) > 1), default=0))]  # rows' offsets, as data
+    written = list(params)
+    for j, ts in enumerate(lists):
+        for ix, st in zip(groups, stacks):
+            written += [st[j]] if st is not None else [ts[i] for i in ix]
+    if scale is not None:
+        written += grads
+    layout = tuple((gs is not None, st is not None) for gs, st in zip(gstack, stacks))
+    metas = tuple(w.meta if isinstance(w, storage.Storage) else w._state.meta for w in written)
+    kw = (("n", n), ("groups", groups), ("layout", tuple(layout)), ("beta1", float(a["beta1"])),
+          ("beta2", float(a["beta2"])), ("weight_decay", float(a["weight_decay"])), ("eps", float(a["eps"])),
+          ("amsgrad", amsgrad), ("maximize", bool(a["maximize"])), ("decoupled", "adamw" in info.name),
+          ("scaled", scale is not None), ("checked", inf is not None))
+    k = (info.name, metas, tuple(v[0].sig.outs[v[1]] for v in values), kw)
+    sig = _SIGS.get(k)
+    if sig is None:
+        sig = _SIGS[k] = OpSig("aten::" + info.name.split("::")[-1], None, lowering.lower_fused_adam,
+                               (tuple(Slot(i) for i in range(len(values))), kw), metas)
+    metrics.counter_inc("xla::" + info.name.split("::")[-1].split(".")[0])
+    node = Node(sig, tuple(values), user_site(2))
+    for i, w in enumerate(written):
+        if isinstance(w, storage.Storage):
+            w.set_ir((node, i))
+        else:
+            w._state.write((node, i))
+    return None
+
+
+def install() -> None:
+    """Record the fused steps here (once, by ``import lazyxla``)."""
+    for f in _FUSED:
+        ops.SPECIAL[f] = record
+        reroute(f)
