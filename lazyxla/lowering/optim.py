@@ -3,8 +3,8 @@ default optimizer) as one JAX function over every parameter of the step.
 
 ``_fused_adam_`` and ``_fused_adamw_`` update whole lists of parameters and their state in
 place and have no PyTorch decomposition (on the CPU, each step would read every parameter to
-the host). ``ops`` records a call as one node whose operands are the lists and whose outputs
-are their new values; ``lower_fused_adam`` computes, per parameter, what PyTorch's CPU kernel
+the host). ``optimizer_stacks`` records a call as one node whose operands are the lists (the
+moments of alike parameters stacked) and whose outputs are their new values; ``lower_fused_adam`` computes, per parameter, what PyTorch's CPU kernel
 computes: the gradient unscaled by ``grad_scale`` (given back: the kernel writes it) and
 negated under ``maximize``; weight decay (AdamW: the parameter shrinks by ``lr *
 weight_decay``; Adam: added to the gradient); the moments (``lerp``, the squared gradient);
@@ -28,13 +28,14 @@ def lower_fused_adam(sig, *xs, n, groups, layout, beta1, beta2, weight_decay, ep
     gradients (one stacked operand when ``layout`` says so, else one per member); per moment
     list (exp_avgs, exp_avg_sqs, [max_exp_avg_sqs]), per group, its moments (one stacked
     ``[L, *shape]`` operand when ``layout`` says so, else the group is one parameter); the ``n``
-    step counts;
-    lr; [grad_scale]; [found_inf]; the rows' offsets (int32 data). Returns the new params, the
-    new moments in the operands' layout, and [the unscaled grads], in that order.
+    step counts; lr; [grad_scale]; [found_inf]; the rows' offsets (int32 data). Returns the new
+    params, the new moments in the operands' layout, and [the unscaled grads], in that order.
 
     A group's moments are updated stacked (one kernel per moment, whatever the number of
-    members); each parameter's update reads its rows at a runtime offset, so that it is one
-    kernel for every row. Both are nested ``jax.jit``s of the settings: traced once per shape."""
+    members), and so are its parameters when they share one step count (stacked in the program,
+    each new one taken at its row's runtime offset: one kernel for every row); otherwise each
+    parameter's update reads its rows. Both are nested ``jax.jit``s of the settings: traced once
+    per shape."""
     it = iter(xs)
     params = [next(it) for _ in range(n)]
     grads = [next(it) if lay[0] else jnp.stack([next(it) for _ in ix]) for ix, lay in zip(groups, layout)]
