@@ -40,6 +40,7 @@ from .storage import fresh
 from .tensor import LazyTensor, _tensor
 
 REGION_OP = "lazyxla::region"
+CAPTURING = 0  # > 0 while a region's graph runs to be captured (what it records becomes the region)
 _COUNTERS = metrics.COUNTERS
 
 
@@ -156,10 +157,15 @@ class Region:
 
     # -- capture ---------------------------------------------------------------------------
     def _capture(self, args, states, key):
+        global CAPTURING
         before = [s.value() for s in states]
         seed0 = rng.current()
         marks = _host_marks()
-        outs = self.gm(*args)
+        CAPTURING += 1
+        try:
+            outs = self.gm(*args)
+        finally:
+            CAPTURING -= 1
         seed1 = rng.current()
         if _CPU_SCALAR in key:
             return Capture(lazy=True, why="a CPU scalar tensor input (such as an optimizer's step count) is "

@@ -18,7 +18,8 @@ host knows a value this module gave, and an upload no program has written since 
 the buffer is ready, nothing waits). A list with any other tensor is recorded as before.
 Counts ``HostStepCount`` (tensors so updated).
 
-Not for an optimizer built ``capturable=True``: that asks for counts a captured step updates
+Not inside a torch.compile region being captured (a region replays its recorded IR, so a
+count must be one of its ops), nor for an optimizer built ``capturable=True``: that asks for counts a captured step updates
 on the device, so its lazy steps and its captures are one program. Off under SPMD, in a job of
 several processes, while a step is captured (a replay runs the
 program, not this Python, so there the counts are the program's outputs: ``before_capture``
@@ -34,7 +35,7 @@ import weakref
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from . import events, metrics, ops, storage
+from . import capture, events, metrics, ops, storage
 from .config import env_flag
 from .ir import TensorMeta, data_leaf
 from .tensor import LazyTensor, reroute
@@ -84,7 +85,8 @@ def _known(tensors):
 def _foreach_add(func, info, args, kwargs):
     tensors, other = args[0], args[1]
     values = None
-    if (ENABLED and not _capturable and not kwargs and isinstance(other, (int, float)) and not isinstance(other, bool) and tensors
+    if (ENABLED and not _capturable and not capture.CAPTURING and not kwargs and tensors
+            and isinstance(other, (int, float)) and not isinstance(other, bool)
             and storage.upload_hook is None and not spmd() and process_mesh() is None):
         values = _known(tensors)
     if values is None:

@@ -28,7 +28,8 @@ The rules, in order, per group of parameters of one shape and dtype (in their li
 
 Values are those of PyTorch's kernel, element for element (the same arithmetic in the same
 order). Stacking is off under SPMD (each moment keeps its parameter's layout), in a job of
-several processes, while a step is captured (its bindings are the tensors'), and with
+several processes, while a step or a torch.compile region is captured (their bindings are the
+tensors'), and with
 ``LAZYXLA_STACK_MOMENTS=0``.
 
 May touch: the moments it stacks (their states become views of the stack), the arena's
@@ -40,7 +41,7 @@ import weakref
 
 import torch
 
-from . import lowering, metrics, ops, storage
+from . import capture, lowering, metrics, ops, storage
 from .config import env_flag
 from .ir import Node, OpSig, Slot, user_site
 from .scan import UNSTACK_OP
@@ -187,7 +188,8 @@ def record(func, info, args, kwargs):
     amsgrad, scale, inf = bool(a["amsgrad"]), a.get("grad_scale"), a.get("found_inf")
     lr = a["lr"]
     lr = scalar_value(float(lr), torch.float32) if not isinstance(lr, torch.Tensor) else lr._state.value()
-    stacking = ENABLED and storage.upload_hook is None and not spmd() and process_mesh() is None
+    stacking = (ENABLED and storage.upload_hook is None and not capture.CAPTURING and not spmd()
+                and process_mesh() is None)
     lists = [ms, vs] + ([vmaxs] if amsgrad else [])
     groups, gstack = _groups(params, grads)
     worth = [g is not None or len(ix) >= MIN_ROWS for ix, g in zip(groups, gstack)]

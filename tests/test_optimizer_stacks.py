@@ -187,3 +187,32 @@ def test_scan_layers_gradients_enter_stacked_and_train_like_eagers_loop(monkeypa
     assert cnt("MomentsStacked") - stacked == 2 * 4 * 4  # 2 moments of 4 parameters in each of 4 layers
     assert cnt("UncachedCompile") - compiles == 1
     same_state(opt, got, want_opt, want)
+
+
+def test_a_torch_compiled_step_counts_and_updates_like_eager():
+    def compiled(dev):
+        model = model_on(dev)
+        x = torch.randn(4, 6).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+        def step():
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        run = torch.compile(step, backend="lazyxla") if dev != "cpu" else step
+        losses = []
+        for _ in range(4):
+            losses.append(float(run()))
+            if dev != "cpu":
+                lazyxla.sync()
+        return losses, model, opt
+
+    torch._dynamo.reset()
+    want_losses, want_model, want_opt = compiled("cpu")
+    got_losses, got_model, got_opt = compiled(DEV)
+    close(got_losses, want_losses)
+    same_state(got_opt, got_model, want_opt, want_model)
+    assert [float(s["step"]) for s in got_opt.state.values()] == [4.0] * 8
