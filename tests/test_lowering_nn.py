@@ -736,3 +736,34 @@ def test_many_channels_on_a_small_map_are_a_dot_and_a_large_map_stays_a_convolut
     assert "convolution" in lazyxla.dump_hlo([large])
     torch.testing.assert_close(small.cpu(), torch.nn.functional.conv2d(rnd(2, 256, 4, 4), rnd(16, 256, 3, 3, seed=1),
                                                                       padding=1), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", ["train", "eval", "no-affine", "no-running-stats", "1d", "3d"])
+def test_batch_norm_backward_is_one_node_with_eagers_gradients(kind, dt):
+    from lazyhelp import cnt
+    dev = lazyxla.device()
+    torch.manual_seed(0)
+    cls, shape = {"1d": (torch.nn.BatchNorm1d, (6, 3, 5)), "3d": (torch.nn.BatchNorm3d, (2, 3, 3, 4, 2))}.get(
+        kind, (torch.nn.BatchNorm2d, (4, 3, 5, 5)))
+    bn = cls(3, affine=kind != "no-affine", track_running_stats=kind != "no-running-stats").to(dt)
+    if bn.track_running_stats:
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 1.5)
+    if bn.affine:
+        bn.weight.data.uniform_(0.5, 1.5)
+    bn.train(kind != "eval")
+    x, g = torch.randn(shape, dtype=dt), torch.randn(shape, dtype=dt)
+    got_bn = cls(3, affine=bn.affine, track_running_stats=bn.track_running_stats).to(dt)
+    got_bn.load_state_dict(bn.state_dict())
+    got_bn = got_bn.to(dev).train(bn.training)
+    xs = [x.clone().requires_grad_(True), x.to(dev).requires_grad_(True)]
+    before = cnt("xla::native_batch_norm_backward")
+    for m, xi, gi in ((bn, xs[0], g), (got_bn, xs[1], g.to(dev))):
+        (m(xi) * gi).sum().backward()
+    lazyxla.sync()
+    assert cnt("xla::native_batch_norm_backward") - before == 1
+    want = [xs[0].grad] + ([bn.weight.grad, bn.bias.grad] if bn.affine else [])
+    got = [xs[1].grad.cpu()] + ([got_bn.weight.grad.cpu(), got_bn.bias.grad.cpu()] if bn.affine else [])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **({"rtol": 1e-4, "atol": 1e-5} if dt == torch.float32 else TOL[dt]))
