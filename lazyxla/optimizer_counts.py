@@ -18,15 +18,14 @@ host knows a value this module gave, and an upload no program has written since 
 the buffer is ready, nothing waits). A list with any other tensor is recorded as before.
 Counts ``HostStepCount`` (tensors so updated).
 
-Not inside a torch.compile region being captured (a region replays its recorded IR, so a
-count must be one of its ops), nor for an optimizer built ``capturable=True``: that asks for counts a captured step updates
-on the device, so its lazy steps and its captures are one program. Off under SPMD, in a job of
-several processes, while a step is captured (a replay runs the
-program, not this Python, so there the counts are the program's outputs: ``before_capture``
-gives the counts holding a shared buffer buffers of their own) and with
-``LAZYXLA_HOST_STEP_COUNTS=0``.
+Not for an optimizer built ``capturable=True``: that asks for counts a captured step updates on
+the device, so its lazy steps and its captures stay one program. Off where
+``optimizer_state.host_rewrites_allowed`` says no (SPMD, several processes, a step or a
+torch.compile region being captured: a replay runs the program, not this Python, so there the
+counts are the program's outputs; ``before_capture`` gives counts holding a shared buffer
+buffers of their own first) and with ``LAZYXLA_HOST_STEP_COUNTS=0``.
 
-May touch: ``ops.SPECIAL`` (one entry) and the storages of the counts it updates.
+May touch: ``ops.SPECIAL`` (one entry), the scalar cache, and the storages of the counts it updates.
 """
 from __future__ import annotations
 
@@ -35,26 +34,23 @@ import weakref
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from . import capture, events, metrics, ops, storage
+from . import metrics, ops, storage
 from .config import env_flag
-from .ir import TensorMeta, data_leaf
+from .optimizer_state import host_rewrites_allowed
 from .tensor import LazyTensor, reroute
-from .xla import download, process_mesh, scalar_array, spmd
+from .xla import download, scalar_array
 
 ENABLED = env_flag("LAZYXLA_HOST_STEP_COUNTS", True)
 _FOREACH_ADD = torch.ops.aten._foreach_add_.Scalar
 
-_capturable = 0  # > 0 while an optimizer built ``capturable`` steps: its counts stay on the device
-_value_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # leaf -> its Python value
-_leaf_for: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()  # (value, dtype) -> leaf
+_capturable = False  # while an optimizer built ``capturable`` steps: its counts stay on the device
+_value_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # count leaf -> its Python value
 
 
 def _leaf(v, dtype):
-    leaf = _leaf_for.get((v, dtype))
-    if leaf is None:
-        leaf = data_leaf(scalar_array(v, dtype), TensorMeta((), dtype))
-        _leaf_for[(v, dtype)] = leaf
-        _value_of[leaf] = v
+    """The shared buffer of the count ``v``: the scalar cache's (R1.5), whose value is kept."""
+    leaf = storage.scalar_value(v, dtype, "HostStepCount")[0]
+    _value_of[leaf] = v
     return leaf
 
 
@@ -66,7 +62,8 @@ def _known(tensors):
             return None
         s = t._state
         st = s.storage
-        if s.chain is not None or st.sharding is not None or st.meta.shape != () or not st.meta.dtype.is_floating_point:
+        if (s.chain is not None or st.sharding is not None or st.meta.shape != ()
+                or not st.meta.dtype.is_floating_point):
             return None
         v = _value_of.get(st.ir[0])
         if v is None:
@@ -85,9 +82,8 @@ def _known(tensors):
 def _foreach_add(func, info, args, kwargs):
     tensors, other = args[0], args[1]
     values = None
-    if (ENABLED and not _capturable and not capture.CAPTURING and not kwargs and tensors
-            and isinstance(other, (int, float)) and not isinstance(other, bool)
-            and storage.upload_hook is None and not spmd() and process_mesh() is None):
+    if (ENABLED and not _capturable and not kwargs and tensors and isinstance(other, (int, float))
+            and not isinstance(other, bool) and host_rewrites_allowed()):
         values = _known(tensors)
     if values is None:
         return ops.foreach(func, info, args, kwargs)
@@ -116,19 +112,12 @@ def before_capture():
 
 def _pre(opt, args, kwargs):
     global _capturable
-    if any(g.get("capturable") for g in opt.param_groups):
-        _capturable += 1
+    _capturable = any(g.get("capturable") for g in opt.param_groups)
 
 
 def _post(opt, args, kwargs):
     global _capturable
-    if _capturable and any(g.get("capturable") for g in opt.param_groups):
-        _capturable -= 1
-
-
-def _end():
-    global _capturable
-    _capturable = 0  # a step that raised never reached its post hook
+    _capturable = False
 
 
 def install() -> None:
@@ -138,4 +127,3 @@ def install() -> None:
     reroute(_FOREACH_ADD)
     register_optimizer_step_pre_hook(_pre)
     register_optimizer_step_post_hook(_post)
-    events.AFTER_STEP.append(_end)

@@ -21,16 +21,16 @@ The rules, in order, per group of parameters of one shape and dtype (in their li
 |----------------------------------------------------------------|--------------------------------|
 | one parameter; or its gradients are separate tensors and it has | as they are, one by one        |
 | fewer than ``MIN_ROWS`` members (an unrolled model's few layers)|                                |
-| its moments are the rows of one stack made here, in order       | the stack (read and written)   |
-| its moments are device data, not views, no sharding, no other   | stacked first (read back, sent |
-| tensor's alias (the first step's zeros: ``optimizer_state``)    | as one buffer: ``MomentsStacked``) |
+| its moments are the rows of stacks made here, in order          | the stacks (read and written)  |
+| its moments (of every list) are rows of stacks made here, or    | stacked first where needed     |
+| device data, not views, no sharding, no other tensor's alias    | (read back, sent as one buffer:|
+| (the first step's zeros: ``optimizer_state``)                   | ``MomentsStacked``)            |
 | anything else (pending IR, a view, an alias)                    | one by one                     |
 
 Values are those of PyTorch's kernel, element for element (the same arithmetic in the same
-order). Stacking is off under SPMD (each moment keeps its parameter's layout), in a job of
-several processes, while a step or a torch.compile region is captured (their bindings are the
-tensors'), and with
-``LAZYXLA_STACK_MOMENTS=0``.
+order). No stack is made where ``optimizer_state.host_rewrites_allowed`` says no (SPMD: each
+moment keeps its parameter's layout; several processes; a step or a torch.compile region being
+captured: their bindings are the tensors') and with ``LAZYXLA_STACK_MOMENTS=0``.
 
 May touch: the moments it stacks (their states become views of the stack), the arena's
 storages, metrics counters. Records through ``ops``' table (``install``).
@@ -41,13 +41,14 @@ import weakref
 
 import torch
 
-from . import capture, lowering, metrics, ops, storage
+from . import lowering, metrics, ops, storage
 from .config import env_flag
 from .ir import Node, OpSig, Slot, user_site
+from .optimizer_state import host_rewrites_allowed
 from .scan import UNSTACK_OP
 from .storage import scalar_value
 from .tensor import LazyTensor, _tensor, reroute
-from .xla import download, process_mesh, spmd
+from .xla import download
 
 ENABLED = env_flag("LAZYXLA_STACK_MOMENTS", True)
 # A group of separate gradients is stacked from this many members on: stacking them (and the
@@ -144,35 +145,34 @@ def _aliased(states_lists) -> set:
     return out
 
 
-def _moments(lists, groups, stacking, worth):
-    """The groups as stepped (a group whose moments cannot all be stacked steps its members one
-    by one) and, per moment list, per such group, the storage of its stack (or None: one
-    member). Stacks what the rules allow."""
+def _moments(lists, groups, gstack, stacking):
+    """Apply the rules: the groups as stepped (a group that is not stacked steps its members
+    one by one), the stacked gradient of each (or None), and per group the storages of its
+    moment stacks, one per list (or None). Makes the stacks the rules allow, all of a group's
+    lists or none."""
     aliased = None
-    out_groups, stacks = [], []
-    for ix, w in zip(groups, worth):
+    out_groups, out_grads, stacks = [], [], []
+    for ix, gs in zip(groups, gstack):
         got = None
-        if len(ix) > 1 and w:
-            got = []
-            for ts in lists:
-                members = [ts[i] for i in ix]
-                st = _stack_of(members)
-                if st is None and stacking:
-                    if aliased is None:
-                        aliased = _aliased(lists)
-                    if _can_stack(members, aliased):
-                        st = _stack(members)
-                if st is None:
-                    got = None
-                    break
-                got.append(st)
+        if len(ix) > 1 and (gs is not None or len(ix) >= MIN_ROWS):
+            members = [[ts[i] for i in ix] for ts in lists]
+            got = [_stack_of(m) for m in members]
+            if None in got and stacking:
+                if aliased is None:
+                    aliased = _aliased(lists)
+                if all(st is not None or _can_stack(m, aliased) for st, m in zip(got, members)):
+                    got = [st if st is not None else _stack(m) for st, m in zip(got, members)]
+            if None in got:
+                got = None
         if got is None:
             out_groups += [(i,) for i in ix]
+            out_grads += [None] * len(ix)
             stacks += [None] * len(ix)
         else:
             out_groups.append(ix)
+            out_grads.append(gs)
             stacks.append(got)
-    return tuple(out_groups), stacks
+    return tuple(out_groups), out_grads, stacks
 
 
 def record(func, info, args, kwargs):
@@ -188,34 +188,27 @@ def record(func, info, args, kwargs):
     amsgrad, scale, inf = bool(a["amsgrad"]), a.get("grad_scale"), a.get("found_inf")
     lr = a["lr"]
     lr = scalar_value(float(lr), torch.float32) if not isinstance(lr, torch.Tensor) else lr._state.value()
-    stacking = (ENABLED and storage.upload_hook is None and not capture.CAPTURING and not spmd()
-                and process_mesh() is None)
     lists = [ms, vs] + ([vmaxs] if amsgrad else [])
-    groups, gstack = _groups(params, grads)
-    worth = [g is not None or len(ix) >= MIN_ROWS for ix, g in zip(groups, gstack)]
-    stacked_grad = dict(zip(groups, gstack))
-    groups, stacks = _moments(lists, groups, stacking, worth)
-    gstack = [stacked_grad.get(ix) if len(ix) > 1 else None for ix in groups]
+    groups, gstack, stacks = _moments(lists, *_groups(params, grads), ENABLED and host_rewrites_allowed())
     values = [t._state.value() for t in params]
     for ix, gs in zip(groups, gstack):
         values += [gs] if gs is not None else [grads[i]._state.value() for i in ix]
+    written = list(params)  # tensors, or the storages of stacks
     for j, ts in enumerate(lists):
         for ix, st in zip(groups, stacks):
-            values += [st[j].ir] if st is not None else [ts[i]._state.value() for i in ix]
-    values += [t._state.value() for t in steps] + [lr] + [t._state.value() for t in (scale, inf) if t is not None]
-    values += [scalar_value(k, torch.int32) for k in range(max((len(ix) for ix in groups if len(ix) > 1), default=0))]  # rows' offsets, as data
-    written = list(params)
-    for j, ts in enumerate(lists):
-        for ix, st in zip(groups, stacks):
-            written += [st[j]] if st is not None else [ts[i] for i in ix]
+            moment = [st[j]] if st is not None else [ts[i] for i in ix]
+            values += [w.ir if st is not None else w._state.value() for w in moment]
+            written += moment
     if scale is not None:
         written += grads
-    layout = tuple((gs is not None, st is not None) for gs, st in zip(gstack, stacks))
+    values += [t._state.value() for t in steps] + [lr] + [t._state.value() for t in (scale, inf) if t is not None]
+    rows = max((len(ix) for ix in groups if len(ix) > 1), default=0)
+    values += [scalar_value(k, torch.int32) for k in range(rows)]  # the rows' offsets, as data
     metas = tuple(w.meta if isinstance(w, storage.Storage) else w._state.meta for w in written)
-    kw = (("n", n), ("groups", groups), ("layout", tuple(layout)), ("beta1", float(a["beta1"])),
-          ("beta2", float(a["beta2"])), ("weight_decay", float(a["weight_decay"])), ("eps", float(a["eps"])),
-          ("amsgrad", amsgrad), ("maximize", bool(a["maximize"])), ("decoupled", "adamw" in info.name),
-          ("scaled", scale is not None), ("checked", inf is not None))
+    kw = (("n", n), ("groups", groups), ("stacked_grads", tuple(gs is not None for gs in gstack)),
+          ("beta1", float(a["beta1"])), ("beta2", float(a["beta2"])), ("weight_decay", float(a["weight_decay"])),
+          ("eps", float(a["eps"])), ("amsgrad", amsgrad), ("maximize", bool(a["maximize"])),
+          ("decoupled", "adamw" in info.name), ("scaled", scale is not None), ("checked", inf is not None))
     k = (info.name, metas, tuple(v[0].sig.outs[v[1]] for v in values), kw)
     sig = _SIGS.get(k)
     if sig is None:

@@ -16,9 +16,9 @@ a step of an optimizer some of whose parameters on the lazy device have no state
   then runs the steady step's code (``buf * momentum + grad`` is the gradient it would clone).
 
 The first step's graph is then the steady step's graph: one program, found in the cache by the
-second step. Values are unchanged (the same zeros, the same updates). Off under SPMD, in a job
-of several processes and while a step is captured (the state's layout and bindings are those
-code paths' own), and with ``LAZYXLA_OPTIMIZER_STATE_AS_DATA=0``.
+second step. Values are unchanged (the same zeros, the same updates). Off where
+``host_rewrites_allowed`` says no (SPMD, several processes, a step or a torch.compile region
+being captured), and with ``LAZYXLA_OPTIMIZER_STATE_AS_DATA=0``.
 
 May touch: ``ops.SPECIAL`` (during such a step only) and the arena's order (``storage``).
 """
@@ -29,7 +29,7 @@ import weakref
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from . import events, metrics, ops, storage
+from . import capture, events, metrics, ops, storage
 from .config import env_flag
 from .host_reads import run_op
 from .tensor import LazyTensor, reroute
@@ -88,12 +88,21 @@ def _factory_value(state):
     return run_op(node.sig, vals)[0]
 
 
+def host_rewrites_allowed() -> bool:
+    """Whether an optimizer step may be rewritten on the host (its new state made as data here,
+    its step counts added on the host: ``optimizer_counts``, its moments stacked:
+    ``optimizer_stacks``): not under SPMD or in a job of several processes (the state's layout
+    and bindings are theirs), and not while a step or a torch.compile region is captured (a
+    replay runs the recorded program, not this Python)."""
+    return not (spmd() or process_mesh() is not None or storage.upload_hook is not None or capture.CAPTURING)
+
+
 def _pre(opt, args, kwargs):
     global _active
     n = sum(len(g["params"]) for g in opt.param_groups)
     if not ENABLED or _settled.get(opt) == n:
         return
-    if spmd() or process_mesh() is not None or storage.upload_hook is not None:
+    if not host_rewrites_allowed():
         return
     if opt not in _settled:
         _settled[opt] = 0

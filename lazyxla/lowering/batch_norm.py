@@ -65,8 +65,8 @@ def native_batch_norm_backward(sig, grad, x, weight, running_mean, running_var, 
     if train:
         mean, invstd = _f(save_mean), _f(save_invstd)
     else:
-        mean = _f(running_mean)
-        invstd = lax.rsqrt(_f(running_var) + _s(eps, _f(running_var)))
+        mean, var = _f(running_mean), _f(running_var)
+        invstd = lax.rsqrt(var + _s(eps, var))
     n = x.size // x.shape[1]
     centered = x - mean.reshape(per_channel)
     grad_sum = jnp.sum(grad, axes)

@@ -4,15 +4,15 @@ default optimizer) as one JAX function over every parameter of the step.
 ``_fused_adam_`` and ``_fused_adamw_`` update whole lists of parameters and their state in
 place and have no PyTorch decomposition (on the CPU, each step would read every parameter to
 the host). ``optimizer_stacks`` records a call as one node whose operands are the lists (the
-moments of alike parameters stacked) and whose outputs are their new values; ``lower_fused_adam`` computes, per parameter, what PyTorch's CPU kernel
-computes: the gradient unscaled by ``grad_scale`` (given back: the kernel writes it) and
-negated under ``maximize``; weight decay (AdamW: the parameter shrinks by ``lr *
-weight_decay``; Adam: added to the gradient); the moments (``lerp``, the squared gradient);
-the bias corrections from each step count (which the optimizer keeps on the device; computed
-once per distinct count, and equal counts are one input: ``optimizer_counts``); amsgrad's
-running maximum; and nothing changed where ``found_inf`` (a gradient scaler's) is set. The
-learning rate is an operand (a scheduler changes it every step); the other settings are the
-signature's. Touches nothing.
+moments of alike parameters stacked) and whose outputs are their new values;
+``lower_fused_adam`` computes, per parameter, what PyTorch's CPU kernel computes: the gradient
+unscaled by ``grad_scale`` (given back: the kernel writes it) and negated under ``maximize``;
+weight decay (AdamW: the parameter shrinks by ``lr * weight_decay``; Adam: added to the
+gradient); the moments (``lerp``, the squared gradient); the bias corrections from each step
+count (which the optimizer keeps on the device; computed once per distinct count, and equal
+counts are one input: ``optimizer_counts``); amsgrad's running maximum; and nothing changed
+where ``found_inf`` (a gradient scaler's) is set. The learning rate is an operand (a scheduler
+changes it every step); the other settings are the signature's. Touches nothing.
 """
 from __future__ import annotations
 
@@ -22,13 +22,12 @@ import jax
 import jax.numpy as jnp
 
 
-def lower_fused_adam(sig, *xs, n, groups, layout, beta1, beta2, weight_decay, eps, amsgrad, maximize,
+def lower_fused_adam(sig, *xs, n, groups, stacked_grads, beta1, beta2, weight_decay, eps, amsgrad, maximize,
                      decoupled, scaled, checked):
     """``xs``: the ``n`` params; per group (``groups``: positions of same-shaped params), its
-    gradients (one stacked operand when ``layout`` says so, else one per member); per moment
-    list (exp_avgs, exp_avg_sqs, [max_exp_avg_sqs]), per group, its moments (one stacked
-    ``[L, *shape]`` operand when ``layout`` says so, else the group is one parameter); the ``n``
-    step counts; lr; [grad_scale]; [found_inf]; the rows' offsets (int32 data). Returns the new
+    gradients (one stacked operand where ``stacked_grads`` says so, else one per member); per
+    moment list (exp_avgs, exp_avg_sqs, [max_exp_avg_sqs]), per group, its moments (one stacked
+    ``[L, *shape]`` operand; a group of one parameter: its own); the ``n`` step counts; lr; [grad_scale]; [found_inf]; the rows' offsets (int32 data). Returns the new
     params, the new moments in the operands' layout, and [the unscaled grads], in that order.
 
     A group's moments are updated stacked (one kernel per moment, whatever the number of
@@ -38,10 +37,9 @@ def lower_fused_adam(sig, *xs, n, groups, layout, beta1, beta2, weight_decay, ep
     per shape."""
     it = iter(xs)
     params = [next(it) for _ in range(n)]
-    grads = [next(it) if lay[0] else jnp.stack([next(it) for _ in ix]) for ix, lay in zip(groups, layout)]
+    grads = [next(it) if sg else jnp.stack([next(it) for _ in ix]) for ix, sg in zip(groups, stacked_grads)]
     nm = 3 if amsgrad else 2
-    moments = [[next(it) if lay[1] else jnp.stack([next(it) for _ in ix]) for ix, lay in zip(groups, layout)]
-               for j in range(nm)]
+    moments = [[next(it) if len(ix) > 1 else next(it)[None] for ix in groups] for _ in range(nm)]
     steps = [next(it) for _ in range(n)]
     lr = next(it)
     scale = next(it) if scaled else None
@@ -64,7 +62,7 @@ def lower_fused_adam(sig, *xs, n, groups, layout, beta1, beta2, weight_decay, ep
                       *((keep,) if checked else ()))
         fresh, kept, g_used = got[:nm], got[nm:2 * nm], got[2 * nm]
         for j in range(nm):
-            new_moments[j].append(kept[j] if layout[g][1] else [kept[j][0]])
+            new_moments[j].append(kept[j] if len(ix) > 1 else kept[j][0])
         denom_src = fresh[2] if amsgrad else fresh[1]
         row = (lambda x, k: x[0]) if len(ix) == 1 else (lambda x, k: jax.lax.dynamic_index_in_dim(x, rows[k], 0, False))
         counts = {id(steps[i]) for i in ix}
@@ -80,11 +78,8 @@ def lower_fused_adam(sig, *xs, n, groups, layout, beta1, beta2, weight_decay, ep
         if scaled:
             for k, i in enumerate(ix):
                 unscaled[i] = row(g_used, k)
-    out = list(new_p)
-    for j in range(nm):
-        for g, got in enumerate(new_moments[j]):
-            out += [got] if layout[g][1] else got
-    return tuple(out) + (tuple(unscaled) if scaled else ())
+    moments_out = tuple(m for per_list in new_moments for m in per_list)
+    return tuple(new_p) + moments_out + (tuple(unscaled) if scaled else ())
 
 
 @functools.lru_cache(maxsize=64)
