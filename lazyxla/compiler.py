@@ -23,7 +23,7 @@ import sys
 
 import jax
 
-from . import metrics
+from . import metrics, rolling
 from .config import env_int
 from .execution import ExecutionError
 from .ir import fmt_where
@@ -54,7 +54,7 @@ def _function(graph, name):
     function runs on every process's device under ``shard_map`` with the process axis bound
     (each process's arrays are its own block of a global array that claims to be replicated:
     the body is per-process code, and only the collectives cross processes)."""
-    body = fn = build_program(graph.post, graph.roots, graph.params)
+    body = fn = build_program(rolling.roll(graph.post, graph.roots), graph.roots, graph.params)
     fn.__name__ = name
     args = specs(graph)
     mesh = _per_process_mesh()

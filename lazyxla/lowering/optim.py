@@ -21,6 +21,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from .program import stack_rows
+
 
 def lower_fused_adam(sig, *xs, n, groups, stacked_grads, beta1, beta2, weight_decay, eps, amsgrad, maximize,
                      decoupled, scaled, checked):
@@ -37,7 +39,7 @@ def lower_fused_adam(sig, *xs, n, groups, stacked_grads, beta1, beta2, weight_de
     per shape."""
     it = iter(xs)
     params = [next(it) for _ in range(n)]
-    grads = [next(it) if sg else jnp.stack([next(it) for _ in ix]) for ix, sg in zip(groups, stacked_grads)]
+    grads = [next(it) if sg else stack_rows([next(it) for _ in ix]) for ix, sg in zip(groups, stacked_grads)]
     nm = 3 if amsgrad else 2
     moments = [[next(it) if len(ix) > 1 else next(it)[None] for ix in groups] for _ in range(nm)]
     steps = [next(it) for _ in range(n)]

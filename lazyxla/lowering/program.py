@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..config import env_flag
-from ..ir import Slot
+from ..ir import Node, Slot
 from ..xla import jnp_dtype
 from .registry import ZERO_D_AS_VECTOR
 
@@ -116,6 +116,9 @@ def build_program(post, roots, params, checked=True):
         try:
             env = {id(p): (a,) for p, a in zip(params, arrays)}
             for n in ops:
+                if type(n) is not Node:  # a rolled loop (``rolling``)
+                    n.lower_into(env)
+                    continue
                 vals = [env[id(o)][i] for o, i in n.operands]
                 _node = n
                 env[id(n)] = lower_node(n, vals)
@@ -131,9 +134,78 @@ def build_program(post, roots, params, checked=True):
             _node = was
             if mine:
                 _checks = outer
+            if outer is None:
+                _rows.clear()
 
     program.checks = ()
     return program
+
+
+# ---------------------------------------------------------------------------------------
+# Rows of a rolled loop's stacked outputs (``rolled``): a lowering that stacks values (the
+# optimizer's step stacking a group's gradients, a loop stacking its per-iteration inputs) takes
+# runs of rows as slices of the loop's stack, never as a stack of per-row slices (one kernel
+# per row: XLA:CPU compiles each slice at another offset as a kernel of its own).
+_rows: dict = {}  # id(array) -> (array, stack, row), while a program is traced
+
+
+def note_row(array, stack, k):
+    _rows[id(array)] = (array, stack, k)
+
+
+def row_run(values):
+    """(stack, 1) when ``values`` are every row of one stack in order, (stack, -1) when in
+    reverse order, else None."""
+    r = _rows.get(id(values[0]))
+    if r is None or r[0] is not values[0]:
+        return None
+    st = r[1]
+    n = st.shape[0]
+    if len(values) != n:
+        return None
+    ks = []
+    for v in values:
+        r = _rows.get(id(v))
+        if r is None or r[0] is not v or r[1] is not st:
+            return None
+        ks.append(r[2])
+    if ks == list(range(n)):
+        return st, 1
+    if ks == list(range(n - 1, -1, -1)):
+        return st, -1
+    return None
+
+
+def stack_rows(values):
+    """``jnp.stack(values)``, reading runs of rows of a stack as its slices."""
+    runs = []  # [stack, first row, last row, step] or an array
+    for v in values:
+        r = _rows.get(id(v))
+        if r is not None and r[0] is v:
+            _, st, k = r
+            last = runs[-1] if runs else None
+            if type(last) is list and last[0] is st:
+                step = k - last[2]
+                if step in (1, -1) and (last[3] == 0 or last[3] == step):
+                    last[2], last[3] = k, step
+                    continue
+            runs.append([st, k, k, 0])
+        else:
+            runs.append(v)
+    if all(type(r) is not list for r in runs):
+        return jnp.stack(values)
+    parts = []
+    for r in runs:
+        if type(r) is not list:
+            parts.append(r[None])
+            continue
+        st, a, b, step = r
+        if step >= 0:
+            parts.append(st if (a, b) == (0, st.shape[0] - 1) else st[a:b + 1])
+        else:
+            part = st if (b, a) == (0, st.shape[0] - 1) else st[b:a + 1]
+            parts.append(jnp.flip(part, 0))
+    return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,120 @@
+"""A rolled loop (``rolling.Loop``) as one ``lax.scan``: its template lowered once, as the body.
+
+The carry is every output of the carry node, kept at PyTorch's dtypes. The loop's inputs are
+its shared values (closed over) and its per-iteration values, stacked (a stack another loop
+produced is taken whole, reversed when its rows are read last first). Each role whose value is
+used outside is a stacked output; the copies' values are its rows, sliced when read
+(``_Rows``). Value checks reported inside the body become stacked flags and values, reported
+once for the loop (the first iteration that fails gives the value).
+
+May touch: the value-check state of ``program`` while the body is traced.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..xla import jnp_dtype
+from . import program
+
+
+class _Rows:
+    """Iteration ``k``'s outputs of one role: ``stacks[i]`` (or None) holds output ``i`` of
+    every iteration; indexing slices row ``k`` (once)."""
+
+    __slots__ = ("stacks", "k", "cache")
+
+    def __init__(self, stacks, k):
+        self.stacks = stacks
+        self.k = k
+        self.cache = {}
+
+    def __getitem__(self, i):
+        v = self.cache.get(i)
+        if v is None:
+            s = self.stacks[i]
+            if s is None:
+                raise KeyError(f"output {i} of a rolled node is not kept")
+            v = self.cache[i] = s[self.k]
+            program.note_row(v, s, self.k)
+        return v
+
+
+def _as_carry(xs, metas):
+    return tuple(jax.lax.convert_element_type(x, jnp_dtype(m.dtype)) for x, m in zip(xs, metas))
+
+
+def lower_loop(loop, env):
+    roles, operands, outputs, out_role = loop.roles, loop.operands, loop.outputs, loop.out_role
+    metas = loop.carry_in.sig.outs
+    c0 = env[id(loop.carry_in)]
+    carry0 = _as_carry([c0[i] for i in range(len(metas))], metas)
+    shared, rows, xs, carried, nexts = {}, {}, [], {}, []
+    # an earlier loop's stacks read last row first (a backward pass reading its forward pass's
+    # values): the loop runs from its last row (``reverse``), so no stack is flipped
+    runs = {s: program.row_run([env[id(n)][i] for n, i in v])
+            for s, (kind, v, *_) in enumerate(loop.slots) if kind == "rows"}
+    reverse = any(r is not None for r in runs.values()) and all(r is None or r[1] == -1 for r in runs.values())
+    for s, (kind, v, *rest) in enumerate(loop.slots):
+        if kind == "shared":
+            n, i = v
+            shared[s] = env[id(n)][i]
+        elif kind == "carry":
+            n, i = v
+            carried[s] = len(metas) + len(nexts)
+            nexts.append(rest[0])
+            carry0 = carry0 + (env[id(n)][i],)
+        else:
+            rows[s] = len(xs)
+            if reverse:
+                r = runs[s]
+                xs.append(r[0] if r is not None else program.stack_rows([env[id(n)][i] for n, i in v[::-1]]))
+            else:
+                xs.append(program.stack_rows([env[id(n)][i] for n, i in v]))
+    types = [(a.dtype, a.shape) for a in carry0]
+    outer = program._checks
+    found = []  # the checks reported inside the body: (op, where, text, kind)
+
+    def body(carry, x):
+        vals = [None] * len(roles)
+        was_node = program._node
+        if outer is not None:
+            program._checks = []
+        try:
+            for j, t in enumerate(roles):
+                args = []
+                for d in operands[j]:
+                    k = d[0]
+                    if k == "carry":
+                        args.append(carry[d[1]])
+                    elif k == "role":
+                        args.append(vals[d[1]][d[2]])
+                    else:
+                        s = d[1]
+                        args.append(shared[s] if s in shared else carry[carried[s]] if s in carried else x[rows[s]])
+                program._node = t
+                vals[j] = program.lower_node(t, args)
+            checks = program._checks if outer is not None else []
+        finally:
+            program._node = was_node
+            program._checks = outer
+        found[:] = [c[2:] for c in checks]
+        ys = tuple(vals[j][i] for j, i in outputs)
+        flags = tuple(c[0] for c in checks)
+        values = tuple(jnp.asarray(c[1]).astype(jnp.int64) for c in checks)
+        out = _as_carry(vals[out_role], metas) + tuple(vals[r][i] for r, i in nexts)
+        out = tuple(jax.lax.convert_element_type(o, t) for o, (t, _) in zip(out, types))
+        return out, (ys, flags, values)
+
+    _, (ys, flags, values) = jax.lax.scan(body, carry0, tuple(xs), reverse=reverse)
+    for (op, where, text, kind), f, v in zip(found, flags, values):
+        first = (f.shape[0] - 1 - jnp.argmax(jnp.flip(f, 0))) if reverse else jnp.argmax(f)
+        outer.append((jnp.any(f), v[first], op, where, text, kind))
+    width = {}
+    for (j, i), y in zip(outputs, ys):
+        width.setdefault(j, {})[i] = y
+    for j, per in width.items():
+        stacks = [per.get(i) for i in range(len(roles[j].sig.outs))]
+        last = len(loop.iters) - 1
+        for k, it in enumerate(loop.iters):
+            env[id(it[j])] = _Rows(stacks, last - k if reverse else k)

@@ -1,0 +1,157 @@
+"""Repeated layers rolled into loops (``lazyxla.rolling``): an unchanged model whose layers are a
+Python loop over alike modules trains to eager's values with its forward and backward passes
+each compiled as one loop; random ops get each iteration's own numbers; value checks inside
+a rolled body still name the op and the line; layers that differ are left unrolled."""
+import pytest
+import torch
+
+import lazyxla
+import lazyxla.debug.metrics as met
+from lazyxla import rolling
+from lazyxla.cache import computation_cache
+
+pytestmark = pytest.mark.usefixtures("nothing_pending")
+
+
+@pytest.fixture
+def roll_small(monkeypatch):
+    monkeypatch.setattr(rolling, "MIN_ITERATIONS", 4)
+    monkeypatch.setattr(rolling, "ENABLED", True)
+    computation_cache().clear()
+    yield
+    computation_cache().clear()
+
+
+class Block(torch.nn.Module):
+    def __init__(self, w, p=0.0):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(w)
+        self.fc1 = torch.nn.Linear(w, 4 * w)
+        self.fc2 = torch.nn.Linear(4 * w, w)
+        self.drop = torch.nn.Dropout(p)
+
+    def forward(self, x):
+        return x + self.drop(self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x)))))
+
+
+class Net(torch.nn.Module):
+    def __init__(self, depth, w=16, p=0.0, widths=None):
+        super().__init__()
+        self.inp = torch.nn.Linear(8, w)
+        self.blocks = torch.nn.ModuleList(Block(w, p) for _ in range(depth))
+        self.out = torch.nn.Linear(w, 1)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.out(h).pow(2).mean()
+
+
+def _train(model, x, steps, dev=None):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(steps):
+        loss = model(x if dev is None else x.to(dev))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if dev is not None:
+            lazyxla.sync()
+        losses.append(loss.item())
+    return losses
+
+
+def test_loop_of_alike_layers_rolls_and_trains_as_eager(roll_small):
+    torch.manual_seed(0)
+    ref = Net(6)
+    lazy = Net(6)
+    lazy.load_state_dict(ref.state_dict())
+    x = torch.randn(4, 8)
+    met.clear_counters()
+    dev = lazyxla.device()
+    lazy.to(dev)
+    got = _train(lazy, x, 3, dev)
+    want = _train(ref, x, 3)
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+    for a, b in zip(ref.parameters(), lazy.parameters()):
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-3, atol=5e-5)
+    # the forward pass and the backward pass, six layers each: a loop each, at least five layers in it
+    assert met.counter_value("RolledLoops") == 2
+    assert met.counter_value("RolledIterations") >= 10
+    assert met.counter_value("UncachedCompile") == 1
+    assert sum(r.startswith("rolled at") for r in rolling.last_report) == 2
+
+
+def _dropout_losses(roll, monkeypatch):
+    monkeypatch.setattr(rolling, "ENABLED", roll)
+    computation_cache().clear()
+    torch.manual_seed(0)
+    model = Net(5, p=0.3)
+    lazyxla.manual_seed(7)
+    dev = lazyxla.device()
+    model.to(dev)
+    met.clear_counters()
+    losses = _train(model, torch.randn(4, 8), 3, dev)
+    return losses, met.counter_value("RolledLoops"), [p.cpu() for p in model.parameters()]
+
+
+def test_random_ops_in_a_rolled_body_draw_as_the_unrolled_program(roll_small, monkeypatch):
+    rolled, loops, p_rolled = _dropout_losses(True, monkeypatch)
+    unrolled, none, p_unrolled = _dropout_losses(False, monkeypatch)
+    assert loops == 2 and none is None
+    assert rolled == pytest.approx(unrolled, rel=1e-6)
+    for a, b in zip(p_rolled, p_unrolled):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+class Lookup(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 16)
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, h, ids):
+        shift = (h[:, 0] > 1e9).long()  # 0, but from the carry: the lookup is inside the loop's body
+        return h + torch.tanh(self.fc(h)) * self.emb(ids + shift)
+
+
+def test_a_value_check_inside_a_rolled_body_names_the_op_and_the_line(roll_small):
+    dev = lazyxla.device()
+    layers = torch.nn.ModuleList(Lookup() for _ in range(8)).to(dev)
+    h = torch.randn(3, 16).to(dev)
+    ids = torch.tensor([1, 2, 12]).to(dev)  # 12 is outside the tables' 10 rows
+    with pytest.raises(Exception) as e:
+        for layer in layers:
+            h = layer(h, ids)
+        h.sum().item()
+    text = str(e.value)
+    assert "embedding" in text or "index" in text
+    assert "test_rolling.py" in text
+    assert met.counter_value("RolledLoops")
+
+
+def test_layers_that_differ_are_left_unrolled(roll_small):
+    dev = lazyxla.device()
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList(torch.nn.Linear(8 + i, 9 + i) for i in range(8)).to(dev)
+    met.clear_counters()
+    h = torch.randn(2, 8).to(dev)
+    for layer in layers:
+        h = torch.tanh(layer(h))
+    h.sum().backward()
+    lazyxla.sync()
+    assert met.counter_value("RolledLoops") is None
+
+
+def test_a_shallow_model_is_not_rolled_when_asked(monkeypatch):
+    # rolling pays from about 20 layers on (bench/compile_depth.py): below, XLA compiles the
+    # unrolled program faster than the loop's plumbing
+    monkeypatch.setattr(rolling, "ENABLED", True)
+    computation_cache().clear()
+    torch.manual_seed(0)
+    dev = lazyxla.device()
+    model = Net(6).to(dev)
+    met.clear_counters()
+    _train(model, torch.randn(4, 8), 1, dev)
+    assert met.counter_value("RolledLoops") is None
