@@ -35,7 +35,7 @@ MIN_ITERATIONS = env_int("LAZYXLA_ROLL_MIN", 20)
 MIN_BODY = 4
 MAX_LOOPS = 4
 _ROUNDS = 3
-_CANDIDATES = 16  # loops built and compared per search
+_CANDIDATES = 4  # other cuts of a loop tried, fewest crossing values first
 _WIDE = 8  # a user with more operands (a stack, the optimizer's step) is alike at every position
 
 last_report: list = []  # why the last graph rolled or did not: one line per attempt
@@ -150,7 +150,7 @@ def _reaches(g, a, b):
     return False
 
 
-def _carry_depth(g, anchors, taken):
+def _carry_depth(g, anchors):
     """For each node: the index of the last anchor it depends on (-1: none); None when the
     anchors are not a chain."""
     at = {a: k for k, a in enumerate(anchors)}
@@ -172,38 +172,78 @@ def _carry_depth(g, anchors, taken):
 
 
 def _find_loop(g, taken):
-    """The best of the first ``_CANDIDATES`` loops the chains of carries give: most iterations,
-    then fewest carries and inputs (a cut where one value crosses from layer to layer)."""
+    """The first loop a chain of carries gives, cut again where the fewest values cross from one
+    iteration to the next (a layer's boundary, where only the hidden state does)."""
     post = g.post
-    best, tried, why = None, 0, None
+    why = None
     for cls in g.classes():
         members = [i for i in cls if id(post[i]) not in taken]
         if len(members) < MIN_ITERATIONS:
             continue
         if not _reaches(g, members[0], members[1]) or not _reaches(g, members[-2], members[-1]):
             continue
-        f = _carry_depth(g, members, taken)
+        f = _carry_depth(g, members)
         if f is None:
             continue
-        loop, text = _build(g, members, f, taken)
-        if loop is None:
+        cand, text = _build(g, members, f, taken)
+        if cand is None:
             why = why or text
             continue
-        if best is None or _score(loop) > _score(best[0]):
-            best = (loop, text)
-        tried += 1
-        if tried >= _CANDIDATES:
-            break
-    if best is None:
-        if why:
-            last_report.append(why)
-        return None
-    last_report.append(best[1])
-    return best[0]
+        base = cand
+        for x in _cuts(base)[:_CANDIDATES]:
+            anchors = [it[x] for it in base.iters]
+            f2 = _carry_depth(g, anchors)
+            if f2 is None:
+                continue
+            other, _ = _build(g, anchors, f2, taken)
+            if other is not None and other.score() > cand.score():
+                cand = other
+        loop, text = _finish(g, cand)
+        last_report.append(text)
+        return loop
+    if why:
+        last_report.append(why)
+    return None
 
 
-def _score(loop):
-    return (len(loop.iters), -sum(s[0] == "carry" for s in loop.slots), -len(loop.slots))
+def _cuts(c):
+    """The roles at which a candidate could be cut instead, fewest crossing values first: a role
+    on the chain (the next iteration's copy depends on it), counted on two iterations of the
+    template (what a copy reads that neither depends on it nor is it; the iteration before
+    the two reads as negative nodes)."""
+    n = len(c.template)
+    reads = [[] for _ in range(2 * n)]  # node (iteration * n + role) -> the nodes it reads
+    for j, ds in enumerate(c.desc):
+        for p, d in enumerate(ds):
+            if d[0] == "role":
+                reads[j].append(d[1])
+                reads[n + j].append(n + d[1])
+            elif d[0] == "carry":
+                reads[n + j].append(c.out_role)
+                reads[j].append(-1 - c.out_role)  # the iteration before's nodes: negative
+            else:
+                link = c.links.get((j, p))
+                if link is not None:
+                    reads[n + j].append(link[0])
+                    reads[j].append(-1 - link[0])
+    order = sorted(range(2 * n), key=lambda v: (v >= n, c.template[v % n]))  # topological
+    best = []
+    for x in range(n):
+        dep = {x}
+        for v in order:
+            if v != x and any(r in dep for r in reads[v]):
+                dep.add(v)
+        if n + x not in dep:
+            continue  # not on the chain
+        dep2 = {n + x}
+        for v in order:
+            if v >= n and v != n + x and any(r in dep2 for r in reads[v]):
+                dep2.add(v)
+        part = (dep - dep2 - {x}) | {n + x}
+        crossing = {r for v in part for r in reads[v] if r not in part and r != x}
+        best.append((len(crossing), x))
+    best.sort()
+    return [x for k, x in best if k < sum(v is not None for v in c.links.values())]
 
 
 def _build(g, anchors, f, taken):
@@ -217,7 +257,19 @@ def _build(g, anchors, f, taken):
         return None, None
     if post[a1].sig.outs != carry_node.sig.outs:
         return None, f"not rolled at {fmt_where(where)}: the carry changes shape or dtype"
+    # leaf-only ops this iteration reads (a weight's transpose or view) go inside the body: the
+    # loop reads the stacked leaves, and XLA folds such ops into their readers
+    inside = set(template)
+    hang = set()
+    for i in template:
+        for o, _ in post[i].operands:
+            q = pos[id(o)]
+            if (q not in inside and q not in hang and o.data is None and o.operands and id(o) not in taken
+                    and all(x.data is not None for x, _ in o.operands)):
+                hang.add(q)
+    template = sorted(inside | hang)
     role_of = {i: j for j, i in enumerate(template)}
+    lazy = {role_of[q] for q in hang}
     out_role = role_of[a1]
     # each role's operands relative to the template
     desc = []
@@ -240,23 +292,41 @@ def _build(g, anchors, f, taken):
     used = set(template)
     links = {}  # (role, operand) read from outside by iteration 0: None, or the role whose previous value it reads
     while True:
-        it = _extend(g, template, desc, carry, f, taken, used, iters[-1], links)
+        it = _extend(g, template, desc, carry, f, taken, used, iters[-1], links, lazy)
         if it is None:
             break
         iters.append(it)
         used.update(it)
         carry = it[out_role]
     while True:  # iterations before the first anchor (alike in what uses them only from some depth on)
-        it = _prepend(g, template, desc, out_role, iters[0], a0, links, taken, used)
+        it = _prepend(g, template, desc, out_role, iters[0], a0, links, taken, used, f, lazy)
         if it is None:
             break
         found, a0 = it
         iters.insert(0, found)
         used.update(found)
-        carry_node = post[a0]
     if len(iters) < MIN_ITERATIONS:
         return None, (f"not rolled at {fmt_where(where)}: {len(iters)} alike iterations of {len(template)} ops "
                       f"(fewer than {MIN_ITERATIONS})")
+    return _Cand(template, desc, iters, links, out_role, a0, where), None
+
+
+class _Cand:
+    """A loop found, before its inputs and outputs are worked out (``_finish``)."""
+
+    def __init__(self, template, desc, iters, links, out_role, a0, where):
+        self.template, self.desc, self.iters, self.links = template, desc, iters, links
+        self.out_role, self.a0, self.where = out_role, a0, where
+
+    def score(self):
+        carries = sum(v is not None for v in self.links.values())
+        return (len(self.iters), -carries, -sum(d[0] == "out" for ds in self.desc for d in ds))
+
+
+def _finish(g, c):
+    """The ``Loop`` of a candidate and the report's line."""
+    post = g.post
+    template, desc, iters, links = c.template, c.desc, c.iters, c.links
     # inputs: one slot per (role, operand) read from outside
     operands, slots = [], []
     for j, ds in enumerate(desc):
@@ -284,84 +354,114 @@ def _build(g, anchors, f, taken):
             if _used_outside(g, [it[j] for it in iters], oi, members):
                 outputs.append((j, oi))
     nodes = [[post[i] for i in it] for it in iters]
-    loop = Loop([post[i] for i in template], nodes, out_role, carry_node, operands, slots, outputs)
+    loop = Loop([post[i] for i in template], nodes, c.out_role, post[c.a0], operands, slots, outputs)
     carries = 1 + sum(s[0] == "carry" for s in slots)
-    return loop, (f"rolled at {fmt_where(where)}: {len(iters)} iterations of {len(template)} ops, {carries} carries, "
-                  f"{len(slots) - carries + 1} inputs, {len(outputs)} stacked outputs")
+    return loop, (f"rolled at {fmt_where(c.where)}: {len(iters)} iterations of {len(template)} ops, {carries} "
+                  f"carries, {len(slots) - carries + 1} inputs, {len(outputs)} stacked outputs")
 
 
-def _extend(g, template, desc, carry, f, taken, used, prev, links):
+class _Match:
+    """Finding one iteration's nodes role by role: ``found[j]`` (a position or None), the
+    iteration's ``carry`` (position), ``prev_role`` (the iteration before: position -> role),
+    ``links`` (held to, see ``_extend``) and ``lazy`` (leaf-only roles, such as a weight's
+    transpose: found through the role that reads them)."""
+
+    def __init__(self, g, template, desc, f, taken, used, lazy, links, carry=None, prev=()):
+        self.g, self.template, self.desc, self.f = g, template, desc, f
+        self.taken, self.used, self.lazy, self.links = taken, used, lazy, links
+        self.found = [None] * len(template)
+        self.carry = carry
+        self.prev_role = {q: r for r, q in enumerate(prev)}
+        self.outside = []  # positions read from outside (for _prepend's cycle check)
+
+    def free(self, u):
+        return u not in self.used and u not in self.found and id(self.g.post[u]) not in self.taken
+
+    def fits(self, u, j, tent, new):
+        """Whether node ``u`` can be role ``j`` given what is found (and tentatively: ``tent``)."""
+        g = self.g
+        n = g.post[u]
+        ds = self.desc[j]
+        if g.label[u] != g.label[self.template[j]] or len(n.operands) != len(ds):
+            return False
+        for pp, ((o, oi), d) in enumerate(zip(n.operands, ds)):
+            q, k = g.pos[id(o)], d[0]
+            if k == "carry":
+                if q != self.carry or oi != d[1]:
+                    return False
+            elif k == "role":
+                r = d[1]
+                have = tent.get(r, self.found[r])
+                if have is None and r in self.lazy:
+                    if not self.free(q) or q in tent.values() or not self.fits(q, r, tent, new):
+                        return False
+                    tent[r] = have = q
+                if q != have or oi != d[2]:
+                    return False
+            else:
+                if oi != d[1] or o.sig.outs[oi] != d[2]:
+                    return False
+                key = (j, pp)
+                r = self.prev_role.get(q)
+                link = None if r is None else (r, oi)
+                if r is None and self.f[q] != -1:
+                    return False
+                want = self.links.get(key, new.get(key, link))
+                if want != link:
+                    return False
+                new[key] = link
+        return True
+
+    def among_users(self, j):
+        """Role ``j``'s node among the users of its first loop operand's node, or None."""
+        g = self.g
+        ds = self.desc[j]
+        for at, d in enumerate(ds):
+            if d[0] == "carry" or (d[0] == "role" and self.found[d[1]] is not None):
+                anchor = self.carry if d[0] == "carry" else self.found[d[1]]
+                break
+        else:
+            return None
+        for u, p in g.users[anchor]:
+            if p != at or not self.free(u):
+                continue
+            tent, new = {}, {}
+            if self.fits(u, j, tent, new):
+                self.found[j] = u
+                for r, q in tent.items():
+                    self.found[r] = q
+                self.links.update(new)
+                for (jj, pp), link in new.items():
+                    if link is None:
+                        self.outside.append(g.pos[id(g.post[self.found[jj]].operands[pp][0])])
+                return u
+        return None
+
+
+def _extend(g, template, desc, carry, f, taken, used, prev, links, lazy):
     """The next iteration's nodes, role by role, from its carry (a position); None if a role
     has no counterpart. ``prev``: the previous iteration's nodes; ``links``: what each value
     iteration 0 reads from outside is in the later ones (a value from outside, or a role's
     value in the iteration before: one more carry), set by the first call, held to after."""
-    post, pos, users, label = g.post, g.pos, g.users, g.label
-    found = [0] * len(template)
-    mine = set()
-    prev_role = {q: r for r, q in enumerate(prev)}
-    new = {}
-    for j, i in enumerate(template):
-        ds = desc[j]
-        anchor = None
-        for p, d in enumerate(ds):
-            if d[0] == "carry":
-                anchor, at = carry, p
-                break
-            if d[0] == "role":
-                anchor, at = found[d[1]], p
-                break
-        if anchor is None:
-            return None  # a role that reads nothing of the loop (cannot happen: it depends on h_0)
-        want = label[i]
-        hit = None
-        for u, p in users[anchor]:
-            if p != at or label[u] != want or u in used or u in mine or id(post[u]) in taken:
-                continue
-            ops = post[u].operands
-            if len(ops) != len(ds):
-                continue
-            ok = True
-            for pp, ((o, oi), d) in enumerate(zip(ops, ds)):
-                k = d[0]
-                q = pos[id(o)]
-                if k == "carry":
-                    ok = q == carry and oi == d[1]
-                elif k == "role":
-                    ok = q == found[d[1]] and oi == d[2]
-                else:
-                    ok = oi == d[1] and o.sig.outs[oi] == d[2]
-                    if ok:
-                        key = (j, pp)
-                        r = prev_role.get(q)
-                        link = None if r is None else (r, oi)
-                        if r is None and f[q] != -1:
-                            ok = False
-                        elif key in links:
-                            ok = links[key] == link
-                        else:
-                            new[key] = link
-                if not ok:
-                    break
-            if ok:
-                hit = u
-                links.update(new)
-                break
-            new.clear()
-        if hit is None:
+    m = _Match(g, template, desc, f, taken, used, lazy, links, carry, prev)
+    for j in range(len(template)):
+        if j in lazy or m.found[j] is not None:
+            continue
+        if m.among_users(j) is None:
             return None
-        found[j] = hit
-        mine.add(hit)
-    return found
+    if None in m.found:
+        return None
+    return m.found
 
 
-def _prepend(g, template, desc, out_role, first, carry, links, taken, used):
+def _prepend(g, template, desc, out_role, first, carry, links, taken, used, f, lazy):
     """The iteration before ``first`` (whose carry is the node at ``carry``), role by role from
-    its output (``carry``) through operands; (nodes, its carry) or None."""
+    its output (``carry``) through operands, then the roles not reached so (a layer's weight
+    gradients) among their operands' users; (nodes, its carry) or None."""
     post, pos, label = g.post, g.pos, g.label
-    found = [None] * len(template)
+    m = _Match(g, template, desc, f, taken, used, lazy, dict(links))
+    found = m.found
     found[out_role] = carry
-    c_in = None
-    outside = []
     stack = [out_role]
     while stack:
         j = stack.pop()
@@ -371,15 +471,15 @@ def _prepend(g, template, desc, out_role, first, carry, links, taken, used):
         for p, ((o, oi), d) in enumerate(zip(n.operands, desc[j])):
             q, k = pos[id(o)], d[0]
             if k == "carry":
-                if oi != d[1] or (c_in is not None and c_in != q):
+                if oi != d[1] or (m.carry is not None and m.carry != q):
                     return None
-                c_in = q
+                m.carry = q
             elif k == "role":
                 r = d[1]
                 if oi != d[2]:
                     return None
                 if found[r] is None:
-                    if q in used or id(o) in taken or o.data is not None:
+                    if not m.free(q) or o.data is not None:
                         return None
                     found[r] = q
                     stack.append(r)
@@ -388,47 +488,14 @@ def _prepend(g, template, desc, out_role, first, carry, links, taken, used):
             else:
                 if oi != d[1] or o.sig.outs[oi] != d[2]:
                     return None
-                outside.append(q)
+                m.outside.append(q)
+    c_in = m.carry
     if c_in is None:
         return None
-    # the roles not reached from the output (a layer's weight gradients): among their operands' users
-    users = g.users
-    for j, t in enumerate(template):
-        if found[j] is not None:
-            continue
-        ds = desc[j]
-        at = next((p for p, d in enumerate(ds) if d[0] in ("carry", "role")), None)
-        if at is None:
+    for j in range(len(template)):
+        if found[j] is None and j not in lazy and m.among_users(j) is None:
             return None
-        d = ds[at]
-        anchor = c_in if d[0] == "carry" else found[d[1]]
-        hit = None
-        for u, p in users[anchor]:
-            if p != at or label[u] != label[t] or u in used or u in found or id(post[u]) in taken:
-                continue
-            ops = post[u].operands
-            if len(ops) != len(ds):
-                continue
-            reads = []
-            for (o, oi), d in zip(ops, ds):
-                q, k = pos[id(o)], d[0]
-                if k == "carry":
-                    ok = q == c_in and oi == d[1]
-                elif k == "role":
-                    ok = q == found[d[1]] and oi == d[2]
-                else:
-                    ok = oi == d[1] and o.sig.outs[oi] == d[2]
-                    reads.append(q)
-                if not ok:
-                    break
-            else:
-                hit = u
-                outside.extend(reads)
-                break
-        if hit is None:
-            return None
-        found[j] = hit
-    if len(set(found)) != len(found):
+    if None in found or len(set(found)) != len(found):
         return None
     if post[c_in].sig.outs != post[carry].sig.outs:
         return None
@@ -441,11 +508,11 @@ def _prepend(g, template, desc, out_role, first, carry, links, taken, used):
     # nothing it reads from outside may depend on its own carry
     mine = set(found)
     dep = {c_in}
-    top = max(outside, default=-1)
+    top = max(m.outside, default=-1)
     for i in range(c_in + 1, top + 1):
         if any(pos[id(o)] in dep for o, _ in post[i].operands):
             dep.add(i)
-    if any(q in dep or q in mine for q in outside):
+    if any(q in dep or q in mine for q in m.outside):
         return None
     return found, c_in
 
