@@ -249,14 +249,11 @@ def _cuts(c):
 def _build(g, anchors, f, taken):
     post, pos = g.post, g.pos
     a0, a1 = anchors[0], anchors[1]
-    carry_node = post[a0]
     template = [i for i, k in enumerate(f) if (k == 0 and i != a0) or i == a1]
     template = [i for i in template if id(post[i]) not in taken and post[i].data is None]
     where = post[a0].where
     if len(template) < MIN_BODY:
         return None, None
-    if post[a1].sig.outs != carry_node.sig.outs:
-        return None, f"not rolled at {fmt_where(where)}: the carry changes shape or dtype"
     # leaf-only ops this iteration reads (a weight's transpose or view) go inside the body: the
     # loop reads the stacked leaves, and XLA folds such ops into their readers
     inside = set(template)
@@ -287,6 +284,8 @@ def _build(g, anchors, f, taken):
                 return None, (f"not rolled at {fmt_where(where)}: iteration 0 reads a value of an earlier one "
                               f"({o.sig.op}) besides the carry")
         desc.append(ds)
+    if not _carry_fits(post[a0], post[a1], desc):
+        return None, f"not rolled at {fmt_where(where)}: the carry changes shape or dtype"
     iters = [template]
     carry = a1
     used = set(template)
@@ -497,7 +496,7 @@ def _prepend(g, template, desc, out_role, first, carry, links, taken, used, f, l
             return None
     if None in found or len(set(found)) != len(found):
         return None
-    if post[c_in].sig.outs != post[carry].sig.outs:
+    if not _carry_fits(post[c_in], post[carry], desc):
         return None
     # what the later first iteration read from outside as a carry's start is this one's role
     for (j, p), link in links.items():
@@ -515,6 +514,13 @@ def _prepend(g, template, desc, out_role, first, carry, links, taken, used, f, l
     if any(q in dep or q in mine for q in m.outside):
         return None
     return found, c_in
+
+
+def _carry_fits(into, out, desc):
+    """Whether node ``into`` can be the carry that the output role's node ``out`` hands on:
+    every output the iterations read through the carry alike."""
+    reads = {d[1] for ds in desc for d in ds if d[0] == "carry"}
+    return all(i < len(into.sig.outs) and into.sig.outs[i] == out.sig.outs[i] for i in reads)
 
 
 def _used_outside(g, positions, oi, members):

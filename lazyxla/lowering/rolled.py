@@ -46,9 +46,11 @@ def _as_carry(xs, metas):
 
 def lower_loop(loop, env):
     roles, operands, outputs, out_role = loop.roles, loop.operands, loop.outputs, loop.out_role
-    metas = loop.carry_in.sig.outs
+    metas = roles[out_role].sig.outs
     c0 = env[id(loop.carry_in)]
-    carry0 = _as_carry([c0[i] for i in range(len(metas))], metas)
+    reads = {d[1] for ops in operands for d in ops if d[0] == "carry"}  # the outputs the first iteration reads
+    carry0 = _as_carry([c0[i] if i in reads else jnp.zeros(m.shape, jnp_dtype(m.dtype)) for i, m in enumerate(metas)],
+                       metas)
     shared, rows, xs, carried, nexts = {}, {}, [], {}, []
     # an earlier loop's stacks read last row first (a backward pass reading its forward pass's
     # values): the loop runs from its last row (``reverse``), so no stack is flipped
