@@ -15,7 +15,9 @@ program before the steady state: a share near 1).
 is XLA's defaults) and adds a warm step's ms, so an option that shortens XLA:CPU's compile is
 seen beside what it does to the step.
 
-Usage: python bench/compile_depth.py [--depths 2,8,32] [--flags ";--xla_backend_optimization_level=0"]
+``--roll`` runs each depth unrolled and rolled (``lazyxla.rolling``: the repeated layers as loops).
+
+Usage: python bench/compile_depth.py [--depths 2,8,32] [--flags ";--xla_backend_optimization_level=0"] [--roll]
 """
 from __future__ import annotations
 
@@ -86,24 +88,32 @@ def main():
     p.add_argument("--depths", default="2,8,32")
     p.add_argument("--job", type=int)
     p.add_argument("--flags", default=None, help="XLA_FLAGS values to compare, ';' between them")
+    p.add_argument("--roll", action="store_true",
+                   help="each depth unrolled and with its repeated layers rolled (LAZYXLA_ROLL_LAYERS=0 / 1, "
+                        "LAZYXLA_ROLL_MIN=4)")
     a = p.parse_args()
     if a.job:
         return job(a.job)
     variants = a.flags.split(";") if a.flags is not None else [None]
+    rolls = ["0", "1"] if a.roll else [None]
     print(f"{'depth':>5} {'compiles':>8} {'compile s':>9} {'trace s':>8} {'MLIR s':>7} {'XLA s':>7} "
-          f"{'passes s':>8} {'codegen s':>9} {'largest/all':>11} {'warm ms':>8}" + ("  XLA_FLAGS" if a.flags is not None else ""))
+          f"{'passes s':>8} {'codegen s':>9} {'largest/all':>11} {'warm ms':>8}" + ("  XLA_FLAGS" if a.flags is not None else "")
+          + ("  rolled" if a.roll else ""))
     for depth in (int(d) for d in a.depths.split(",")):
-        for flags in variants:
+        for flags, roll in ((f, r) for f in variants for r in rolls):
             env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="cpu_compiler=1")
             if flags is not None:
                 env["XLA_FLAGS"] = flags
+            if roll is not None:
+                env.update(LAZYXLA_ROLL_LAYERS=roll, LAZYXLA_ROLL_MIN="4")
             r = subprocess.run([sys.executable, __file__, "--job", str(depth)], capture_output=True, text=True,
                                check=True, env=env)
             g = json.loads(r.stdout.strip().splitlines()[-1])
             passes, codegen = xla_split(r.stderr)
             print(f"{depth:>5} {g['compiles']:>8} {g['total']:>9.2f} {g['trace']:>8.2f} {g['lower']:>7.2f} "
                   f"{g['backend']:>7.2f} {passes:>8.2f} {codegen:>9.2f} {g['largest'] / g['total'] if g['total'] else 0:>11.2f} "
-                  f"{g['warm_ms']:>8.1f}" + (f"  {flags or '(defaults)'}" if flags is not None else ""))
+                  f"{g['warm_ms']:>8.1f}" + (f"  {flags or '(defaults)'}" if flags is not None else "")
+                  + (f"  {'yes' if roll == '1' else 'no'}" if roll is not None else ""))
 
 
 if __name__ == "__main__":
