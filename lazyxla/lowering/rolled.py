@@ -1,6 +1,7 @@
-"""A rolled loop (``rolling.Loop``) as one ``lax.scan``: its template lowered once, as the body.
+"""A rolled loop (``rolling.Loop``) as one XLA loop: its template lowered once, as the body.
 
-The carry is every output of the carry node, kept at PyTorch's dtypes. The loop's inputs are
+The carry is every output of the carry node, kept at PyTorch's dtypes; the loop is a
+``fori_loop`` writing each iteration's outputs into buffers (``_run``). The loop's inputs are
 its shared values (closed over) and its per-iteration values, stacked (a stack another loop
 produced is taken whole, reversed when its rows are read last first). Each role whose value is
 used outside is a stacked output; the copies' values are its rows, sliced when read
@@ -38,6 +39,29 @@ class _Rows:
             v = self.cache[i] = s[self.k]
             program.note_row(v, s, self.k)
         return v
+
+
+def _run(body, carry0, xs, n, reverse):
+    """``lax.scan(body, carry0, xs, reverse=reverse)``'s stacked outputs, from a loop whose
+    output buffers start as fills of distinct values: scan's start as one shared fill of zeros
+    per shape, which XLA copies into each buffer (GPT-2's 22 saved values: a read and a write
+    of every element more per step; a 48 MB example runs 15.5 -> 11.4 ms)."""
+    x0 = tuple(jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in xs)
+    _, out = jax.eval_shape(body, carry0, x0)  # the outputs' shapes (and the body's checks)
+    flat, tree = jax.tree_util.tree_flatten(out)
+    bufs = tuple(jnp.full((n,) + tuple(o.shape), False if o.dtype == jnp.bool_ else k + 1, o.dtype)
+                 for k, o in enumerate(flat))
+
+    def step(i, state):
+        carry, bufs = state
+        at = n - 1 - i if reverse else i
+        x = tuple(jax.lax.dynamic_index_in_dim(a, at, 0, keepdims=False) for a in xs)
+        carry, out = body(carry, x)
+        leaves = jax.tree_util.tree_leaves(out)
+        return carry, tuple(jax.lax.dynamic_update_index_in_dim(b, y, at, 0) for b, y in zip(bufs, leaves))
+
+    _, bufs = jax.lax.fori_loop(0, n, step, (carry0, bufs))
+    return jax.tree_util.tree_unflatten(tree, list(bufs))
 
 
 def _as_carry(xs, metas):
@@ -108,7 +132,7 @@ def lower_loop(loop, env):
         out = tuple(jax.lax.convert_element_type(o, t) for o, (t, _) in zip(out, types))
         return out, (ys, flags, values)
 
-    _, (ys, flags, values) = jax.lax.scan(body, carry0, tuple(xs), reverse=reverse)
+    ys, flags, values = _run(body, carry0, tuple(xs), len(loop.iters), reverse)
     for (op, where, text, kind), f, v in zip(found, flags, values):
         first = (f.shape[0] - 1 - jnp.argmax(jnp.flip(f, 0))) if reverse else jnp.argmax(f)
         outer.append((jnp.any(f), v[first], op, where, text, kind))
