@@ -155,3 +155,38 @@ def test_a_shallow_model_is_not_rolled_when_asked(monkeypatch):
     met.clear_counters()
     _train(model, torch.randn(4, 8), 1, dev)
     assert met.counter_value("RolledLoops") is None
+
+
+@pytest.mark.parametrize("pdrop", [0.1, 0.0])
+def test_hf_gpt2_rolls_every_layer_and_trains_as_unrolled(roll_small, monkeypatch, pdrop):
+    transformers = pytest.importorskip("transformers")
+
+    def run(roll):
+        monkeypatch.setattr(rolling, "ENABLED", roll)
+        computation_cache().clear()
+        torch.manual_seed(0)
+        cfg = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=5, n_head=2,
+                                      resid_pdrop=pdrop, embd_pdrop=pdrop, attn_pdrop=pdrop)
+        dev = lazyxla.device()
+        model = transformers.GPT2LMHeadModel(cfg).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ids = torch.randint(0, 64, (2, 16)).to(dev)
+        lazyxla.manual_seed(3)
+        met.clear_counters()
+        losses = []
+        for _ in range(3):
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            lazyxla.sync()
+            losses.append(loss.item())
+        return losses, met.counter_value("RolledIterations"), list(rolling.last_report)
+
+    rolled, n, report = run(True)
+    unrolled, none, _ = run(False)
+    assert rolled == pytest.approx(unrolled, rel=1e-5)
+    # every layer in a loop, forward and backward (without dropout, the backward loop holds 4 of
+    # the 5 layers: its cut is in a layer, and the last layer's half stays unrolled)
+    assert n == (10 if pdrop else 9), report
+    assert none is None
