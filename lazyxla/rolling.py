@@ -11,10 +11,11 @@ How a loop is found (every step checks; any doubt leaves the graph as it is):
 
 | step | rule |
 |---|---|
-| carries | nodes alike in what uses them (a hash over their users, ``_ROUNDS`` deep, leaves by shape and dtype) that form a chain, each depending on the one before: the values handed from one iteration to the next (``h_k``). The largest such class, earliest first. |
-| template | iteration 0: every node that depends on ``h_0`` and not on ``h_1``, with ``h_1`` (in post-order: the roles). |
-| iterations | from ``h_k``, each role is found among the users of its operands' counterparts: same signature, same operand positions, operands the carry, a role of the same iteration, or a value that does not depend on the loop (same shapes and dtypes). Until one role has no counterpart. |
-| inputs | a value outside the loop that an iteration reads: the same node in every iteration is one input; other nodes, one row each of a stacked input (a layer's weights; an earlier loop's rows are taken as that loop's stacked output). |
+| carries | nodes alike in what uses them (a hash over their users, ``_ROUNDS`` deep, leaves by shape and dtype; a user with more than ``_WIDE`` operands alike at every position) that form a chain, each depending on the one before: values handed from one iteration to the next (``h_k``). The largest such class, earliest first. |
+| template | iteration 0: every node that depends on ``h_0`` and not on ``h_1``, with ``h_1`` (in post-order: the roles), and the leaf-only ops they read (a weight's transpose: computed inside the body from the stacked leaves). |
+| iterations | from ``h_k``, each role is found among the users of its operands' counterparts: same signature, same operand positions, operands the carry, a role of the same iteration, a role of the iteration before (one more carry, the same in every iteration) or a value that does not depend on the loop (same shapes and dtypes). Until one role has no counterpart; then iterations before the first, each from its output (``h_0``) back through operands. |
+| cut | the roles at which the loop could be cut instead, fewest values crossing from one iteration to the next first (``_cuts``, counted on two copies of the template); up to ``_CANDIDATES`` are built and the loop with the most iterations, then the fewest carries, is taken: a layer's boundary, where only the hidden state crosses. |
+| inputs | a value outside the loop that an iteration reads: the same node in every iteration is one input; other nodes, one row each of a stacked input (a layer's weights; an earlier loop's rows are taken as that loop's stacked output, and a loop that reads them last row first runs from its last row). |
 | outputs | a role whose value is used outside the loop (by later nodes or as a root) is stacked; the rows replace the copies' values. |
 | worth it | at least ``MIN_ITERATIONS`` iterations (``LAZYXLA_ROLL_MIN``), a template with ``MIN_BODY`` ops or more. |
 
