@@ -24,7 +24,7 @@ import sys
 
 from . import dynamic, events, host_reads, metrics, persistent_cache, rng
 from .cache import CachedProgram, computation_cache
-from .compiler import compile_graph, hlo_text, specs
+from .compiler import WorkspaceCall, compile_graph, hlo_text, rolled, specs
 from .config import env_flag
 from .execution import ExecutionError, raise_failed_checks, resolve, run, wait_device_ops  # noqa: F401  (wait_device_ops: API)
 from .collect import Graph
@@ -194,17 +194,20 @@ def _load_persistent(graph, trace, donors):
     pcache = persistent_cache.get_cache()
     if pcache is None or process_mesh() is not None:  # a job's programs span its processes: not kept
         return None
-    got = pcache.load_checked(trace.key, specs(graph), len(graph.roots))
+    _, ws = rolled(graph)  # a program with rolled loops takes and gives back their workspace
+    got = pcache.load_checked(trace.key, specs(graph) + ws, len(graph.roots) + len(ws))
     if got is None:
         return None
-    return CachedProgram(got[0], trace.key, trace, len(graph.params), len(graph.roots), graph.n_ops, 0,
+    fn = WorkspaceCall(got[0], ws, len(graph.roots)) if ws else got[0]
+    return CachedProgram(fn, trace.key, trace, len(graph.params), len(graph.roots), graph.n_ops, 0,
                          tuple(donors), extra={"persistent": True}, checks=got[1])
 
 
 def _store_persistent(prog, name):
     pcache = persistent_cache.get_cache()
     if pcache is not None and process_mesh() is None:
-        pcache.store(prog.key, prog.executable, {"name": name, "fold": [s.as_dict() for s in prog.trace.steps],
+        exe = prog.executable
+        pcache.store(prog.key, exe.compiled if type(exe) is WorkspaceCall else exe, {"name": name, "fold": [s.as_dict() for s in prog.trace.steps],
                                                  "checks": [list(c) for c in prog.checks]})
 
 

@@ -20,18 +20,21 @@ How a loop is found (every step checks; any doubt leaves the graph as it is):
 | worth it | at least ``MIN_ITERATIONS`` iterations (``LAZYXLA_ROLL_MIN``), a template with ``MIN_BODY`` ops or more. |
 
 After a loop is taken, its nodes are out of the search and the next loop is looked for (a
-training step's forward pass, then its backward pass). Opt-in: ``LAZYXLA_ROLL_LAYERS=1``.
+training step's forward pass, then its backward pass). ``LAZYXLA_ROLL_LAYERS=0`` turns it off.
 
 May touch: nothing; reads the IR, counts ``RolledLoops`` and ``RolledIterations``.
 """
 from __future__ import annotations
 
+import jax
+
 from . import metrics
 from .config import env_flag, env_int
 from .ir import fmt_where
 from .lowering.rolled import lower_loop
+from .xla import jnp_dtype
 
-ENABLED = env_flag("LAZYXLA_ROLL_LAYERS", False)  # opt-in: a rolled step runs slower (README)
+ENABLED = env_flag("LAZYXLA_ROLL_LAYERS", True)
 MIN_ITERATIONS = env_int("LAZYXLA_ROLL_MIN", 20)
 MIN_BODY = 4
 MAX_LOOPS = 4
@@ -65,6 +68,12 @@ class Loop:
         self.members = {id(n): (k, j) for k, it in enumerate(iters) for j, n in enumerate(it)}
 
     data = None  # never a device-data leaf (build_program's filter asks)
+
+    def workspace(self):
+        """The abstract values of the buffers its stacked outputs are written into."""
+        n = len(self.iters)
+        return [jax.ShapeDtypeStruct((n,) + tuple(m.shape), jnp_dtype(m.dtype))
+                for m in (self.roles[j].sig.outs[i] for j, i in self.outputs)]
 
     def lower_into(self, env):
         """Lower the loop inside the program being traced: reads its inputs from ``env`` and

@@ -190,3 +190,33 @@ def test_hf_gpt2_rolls_every_layer_and_trains_as_unrolled(roll_small, monkeypatc
     # the 5 layers: its cut is in a layer, and the last layer's half stays unrolled)
     assert n == (10 if pdrop else 9), report
     assert none is None
+
+
+def test_a_rolled_program_is_kept_by_the_persistent_cache(tmp_path):
+    from lazyhelp import json_runs
+    script = ("import json, torch, lazyxla\n"
+              "import lazyxla.debug.metrics as met\n"
+              "torch.manual_seed(0)\n"
+              "blocks = [torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Linear(16, 16), torch.nn.GELU())"
+              " for _ in range(6)]\n"
+              "model = torch.nn.Sequential(*blocks)\n"
+              "ref = [p.detach().clone() for p in model.parameters()]\n"
+              "dev = lazyxla.device()\n"
+              "model.to(dev)\n"
+              "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              "x = torch.randn(4, 16)\n"
+              "losses = []\n"
+              "for _ in range(3):\n"
+              "    loss = model(x.to(dev)).pow(2).mean()\n"
+              "    loss.backward(); opt.step(); opt.zero_grad(); lazyxla.sync()\n"
+              "    losses.append(loss.item())\n"
+              "print(json.dumps([losses, met.counter_value('RolledLoops') or 0,"
+              " met.counter_value('PersistentCacheHit') or 0]))\n")
+    env = dict(XLA_PERSISTENT_CACHE_PATH=str(tmp_path / "cache"), LAZYXLA_ROLL_LAYERS="1", LAZYXLA_ROLL_MIN="4",
+               LAZYXLA_CACHE_HMAC_KEY_FILE=str(tmp_path / "key"))
+    (l1, rolled1, hit1), (l2, rolled2, hit2) = json_runs(script, times=2, **env)
+    unrolled, = json_runs(script, LAZYXLA_ROLL_LAYERS="0")
+    assert rolled1 >= 2 and hit1 == 0
+    assert hit2 >= 1  # the second process runs the stored rolled program (its workspace given back)
+    assert l1 == l2
+    assert l1 == pytest.approx(unrolled[0], rel=1e-5)

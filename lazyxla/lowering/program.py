@@ -98,12 +98,14 @@ def _broadcastable(src, dst):
     return True
 
 
-def build_program(post, roots, params, checked=True):
+def build_program(post, roots, params, checked=True, workspace=0):
     """A function ``f(*param_arrays) -> tuple(root arrays)`` evaluating the graph; ``params``
     (device-data leaves, or a captured region's placeholders) are its arguments, in order.
     ``checked``: the value checks its lowerings report are one more output (see the module's
     docstring; ``f.checks`` lists them once it was traced); a region's function (not checked)
-    reports into the program that calls it."""
+    reports into the program that calls it. ``workspace``: how many more arguments, after the
+    parameters, are buffers the rolled loops write their stacked outputs into (``rolled``);
+    their final values are outputs after the roots."""
     is_param = {id(p) for p in params}
     ops = [n for n in post if id(n) not in is_param]
 
@@ -114,6 +116,9 @@ def build_program(post, roots, params, checked=True):
             _checks = []
         mine, was = _checks is not outer, _node
         try:
+            global _workspace
+            _workspace = list(arrays[len(params):len(params) + workspace])
+            workspace_out.clear()
             env = {id(p): (a,) for p, a in zip(params, arrays)}
             for n in ops:
                 if type(n) is not Node:  # a rolled loop (``rolling``)
@@ -122,7 +127,7 @@ def build_program(post, roots, params, checked=True):
                 vals = [env[id(o)][i] for o, i in n.operands]
                 _node = n
                 env[id(n)] = lower_node(n, vals)
-            out = tuple(env[id(r)][i] for r, i in roots)
+            out = tuple(env[id(r)][i] for r, i in roots) + tuple(workspace_out)
             if mine:
                 program.checks = tuple((op, where, text, kind) for _, _, op, where, text, kind in _checks)
                 if _checks:
@@ -139,6 +144,10 @@ def build_program(post, roots, params, checked=True):
 
     program.checks = ()
     return program
+
+
+_workspace: list = []  # while a program is traced: its workspace arguments not yet taken (``rolled``)
+workspace_out: list = []  # ... and the loops' final buffers, outputs after the roots
 
 
 # ---------------------------------------------------------------------------------------
