@@ -15,10 +15,11 @@ from .ir import post_order
 
 
 class Graph:
-    __slots__ = ("roots", "post", "params", "sequence")
+    __slots__ = ("roots", "post", "params", "sequence", "rolled")
 
     def __init__(self, roots):
         self.roots = roots
+        self.rolled = None  # the post-order with its layers rolled (``compiler.rolled``), once asked
         post = post_order(roots)
         self.post = post
         params, seq, index = [], [], {}

@@ -54,11 +54,14 @@ def _per_process_mesh():
 def rolled(graph):
     """The graph's post-order with its repeated layers rolled (``rolling``; not under SPMD or
     in a job of several processes) and the workspace its loops' stacked outputs need (abstract
-    values: the program's last arguments and the outputs after its roots, ``WorkspaceCall``)."""
+    values: the program's last arguments and the outputs after its roots, ``WorkspaceCall``).
+    Found once per graph (a persistent-cache lookup asks first, then the compile)."""
     if spmd() or process_mesh() is not None:
         return graph.post, []
-    post = rolling.roll(graph.post, graph.roots)
-    return post, [w for n in post if type(n) is rolling.Loop for w in n.workspace()]
+    if graph.rolled is None:
+        post = rolling.roll(graph.post, graph.roots)
+        graph.rolled = post, [w for n in post if type(n) is rolling.Loop for w in n.workspace()]
+    return graph.rolled
 
 
 class WorkspaceCall:

@@ -207,8 +207,8 @@ def _store_persistent(prog, name):
     pcache = persistent_cache.get_cache()
     if pcache is not None and process_mesh() is None:
         exe = prog.executable
-        pcache.store(prog.key, exe.compiled if type(exe) is WorkspaceCall else exe, {"name": name, "fold": [s.as_dict() for s in prog.trace.steps],
-                                                 "checks": [list(c) for c in prog.checks]})
+        about = {"name": name, "fold": [s.as_dict() for s in prog.trace.steps], "checks": [list(c) for c in prog.checks]}
+        pcache.store(prog.key, exe.compiled if type(exe) is WorkspaceCall else exe, about)
 
 
 def _run(prog, graph):

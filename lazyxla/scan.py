@@ -70,17 +70,11 @@ class Body:
         rest = tuple(vals[nc + nx:])  # closures, [seed], constants
         k = self.n_closure
         closures, seed0, consts = rest[:k], rest[k:k + self.random], rest[k + self.random:]
-        was = _program._checks
-        outer = was if report else None
         infos = []  # (op, where, text, kind) of each check, in the order of the rows
 
         def step(c, x):
-            _program._checks = [] if outer is not None else None  # the body's own, per iteration
-            try:
+            with _program.loop_checks(report) as checks:  # the body's own, per iteration
                 out = self.program(*c[:nc], *x, *closures, *c[nc:], *consts)
-                checks = _program._checks or []
-            finally:
-                _program._checks = was
             infos[:] = [tuple(ck[2:]) for ck in checks]
             rows = tuple(jnp.stack([f.astype(jnp.int64), v.astype(jnp.int64)]) for f, v, *_ in checks)
             return tuple(out[:nc]) + tuple(out[nc + ny:]), (tuple(out[nc:nc + ny]), rows)
@@ -88,7 +82,7 @@ class Body:
         c, (ys, rows) = jax.lax.scan(step, carry0 + seed0, xs)
         for flag_value, info in zip(rows, infos):
             flags = flag_value[:, 0] != 0
-            outer.append((jnp.any(flags), flag_value[jnp.argmax(flags), 1]) + info)
+            _program.add_check(jnp.any(flags), flag_value[jnp.argmax(flags), 1], info)
         return tuple(c[:nc]) + tuple(ys) + tuple(c[nc:])
 
 

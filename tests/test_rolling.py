@@ -216,7 +216,7 @@ def test_a_rolled_program_is_kept_by_the_persistent_cache(tmp_path):
                LAZYXLA_CACHE_HMAC_KEY_FILE=str(tmp_path / "key"))
     (l1, rolled1, hit1), (l2, rolled2, hit2) = json_runs(script, times=2, **env)
     unrolled, = json_runs(script, LAZYXLA_ROLL_LAYERS="0")
-    assert rolled1 >= 2 and hit1 == 0
+    assert rolled1 >= 1 and hit1 == 0  # counted once per compile, though the cache was asked first
     assert hit2 >= 1  # the second process runs the stored rolled program (its workspace given back)
     assert l1 == l2
     assert l1 == pytest.approx(unrolled[0], rel=1e-5)

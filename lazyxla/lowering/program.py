@@ -20,6 +20,8 @@ May touch: nothing; reads the registries only.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -110,15 +112,14 @@ def build_program(post, roots, params, checked=True, workspace=0):
     ops = [n for n in post if id(n) not in is_param]
 
     def program(*arrays):
-        global _checks, _node
-        outer = _checks
+        global _checks, _node, _trace
+        outer, was, was_trace = _checks, _node, _trace
         if checked and outer is None and CHECK_VALUES:
             _checks = []
-        mine, was = _checks is not outer, _node
+        mine = _checks is not outer
+        if was_trace is None:  # the outermost program of this trace (a region's runs inside it)
+            _trace = _Trace(arrays[len(params):len(params) + workspace])
         try:
-            global _workspace
-            _workspace = list(arrays[len(params):len(params) + workspace])
-            workspace_out.clear()
             env = {id(p): (a,) for p, a in zip(params, arrays)}
             for n in ops:
                 if type(n) is not Node:  # a rolled loop (``rolling``)
@@ -127,7 +128,9 @@ def build_program(post, roots, params, checked=True, workspace=0):
                 vals = [env[id(o)][i] for o, i in n.operands]
                 _node = n
                 env[id(n)] = lower_node(n, vals)
-            out = tuple(env[id(r)][i] for r, i in roots) + tuple(workspace_out)
+            out = tuple(env[id(r)][i] for r, i in roots)
+            if was_trace is None:
+                out = out + tuple(_trace.workspace_out)
             if mine:
                 program.checks = tuple((op, where, text, kind) for _, _, op, where, text, kind in _checks)
                 if _checks:
@@ -136,18 +139,42 @@ def build_program(post, roots, params, checked=True, workspace=0):
                     out = out + (jnp.stack(rows),)
             return out
         finally:
-            _node = was
+            _node, _trace = was, was_trace
             if mine:
                 _checks = outer
-            if outer is None:
-                _rows.clear()
 
     program.checks = ()
     return program
 
 
-_workspace: list = []  # while a program is traced: its workspace arguments not yet taken (``rolled``)
-workspace_out: list = []  # ... and the loops' final buffers, outputs after the roots
+class _Trace:
+    """What the rolled loops of one program being traced share with it: its workspace
+    arguments not yet taken, the loops' final buffers (outputs after the roots), and the rows
+    of the loops' stacked outputs (``note_row``)."""
+
+    __slots__ = ("workspace", "workspace_out", "rows")
+
+    def __init__(self, workspace):
+        self.workspace = list(workspace)
+        self.workspace_out = []
+        self.rows = {}  # id(array) -> (array, stack, row)
+
+
+_trace = None  # the outermost program being traced, or None
+
+
+def take_workspace(k):
+    """The next ``k`` (at most) of the program's workspace arguments (``rolled``)."""
+    if _trace is None:
+        return []
+    got = _trace.workspace[:k]
+    del _trace.workspace[:k]
+    return got
+
+
+def give_workspace(bufs):
+    """A loop's final workspace buffers: outputs of the program after its roots."""
+    _trace.workspace_out.extend(bufs)
 
 
 # ---------------------------------------------------------------------------------------
@@ -155,17 +182,20 @@ workspace_out: list = []  # ... and the loops' final buffers, outputs after the 
 # optimizer's step stacking a group's gradients, a loop stacking its per-iteration inputs) takes
 # runs of rows as slices of the loop's stack, never as a stack of per-row slices (one kernel
 # per row: XLA:CPU compiles each slice at another offset as a kernel of its own).
-_rows: dict = {}  # id(array) -> (array, stack, row), while a program is traced
+def _rows():
+    return _trace.rows if _trace is not None else {}
 
 
 def note_row(array, stack, k):
-    _rows[id(array)] = (array, stack, k)
+    if _trace is not None:
+        _trace.rows[id(array)] = (array, stack, k)
 
 
 def row_run(values):
     """(stack, 1) when ``values`` are every row of one stack in order, (stack, -1) when in
     reverse order, else None."""
-    r = _rows.get(id(values[0]))
+    rows = _rows()
+    r = rows.get(id(values[0]))
     if r is None or r[0] is not values[0]:
         return None
     st = r[1]
@@ -174,7 +204,7 @@ def row_run(values):
         return None
     ks = []
     for v in values:
-        r = _rows.get(id(v))
+        r = rows.get(id(v))
         if r is None or r[0] is not v or r[1] is not st:
             return None
         ks.append(r[2])
@@ -188,8 +218,9 @@ def row_run(values):
 def stack_rows(values):
     """``jnp.stack(values)``, reading runs of rows of a stack as its slices."""
     runs = []  # [stack, first row, last row, step] or an array
+    rows = _rows()
     for v in values:
-        r = _rows.get(id(v))
+        r = rows.get(id(v))
         if r is not None and r[0] is v:
             _, st, k = r
             last = runs[-1] if runs else None
@@ -232,6 +263,27 @@ def report(flag, value, text, kind="RuntimeError"):
         n = _node
         where = n.where if n is not None else None
         _checks.append((flag, value, n.sig.op if n is not None else "?", list(where) if where else None, text, kind))
+
+
+@contextmanager
+def loop_checks(collect=True):
+    """While a loop's body is traced: the value checks its lowerings report go to the list
+    yielded, not to the program's (the loop reports them once, over its iterations: ``add_check``);
+    none are collected when the program is unchecked or ``collect`` is false."""
+    global _checks, _node
+    outer, was = _checks, _node
+    mine = [] if outer is not None and collect else None
+    _checks = mine
+    try:
+        yield mine if mine is not None else []
+    finally:
+        _checks, _node = outer, was
+
+
+def add_check(flag, value, info):
+    """A loop's check over all its iterations: ``info`` is a body check's (op, where, text, kind)."""
+    if _checks is not None:
+        _checks.append((flag, value) + tuple(info))
 
 
 _valid = ()  # while a padded node is lowered: (shape, mask) of its operands' real elements

@@ -5,10 +5,10 @@ The carry is every output of the carry node, kept at PyTorch's dtypes; the loop 
 its shared values (closed over) and its per-iteration values, stacked (a stack another loop
 produced is taken whole, reversed when its rows are read last first). Each role whose value is
 used outside is a stacked output; the copies' values are its rows, sliced when read
-(``_Rows``). Value checks reported inside the body become stacked flags and values, reported
-once for the loop (the first iteration that fails gives the value).
+(``_Rows``). Value checks reported inside the body are kept in the loop's state (whether any
+iteration failed, the first failing one's value) and reported once for the loop.
 
-May touch: the value-check state of ``program`` while the body is traced.
+May touch: the trace state of ``program`` (its checks, workspace and rows) while the loop is traced.
 """
 from __future__ import annotations
 
@@ -41,32 +41,37 @@ class _Rows:
         return v
 
 
-def _run(body, carry0, xs, n, reverse):
-    """``lax.scan(body, carry0, xs, reverse=reverse)``'s stacked outputs, written into the
+def _run(body, carry0, xs, n, reverse, n_ws):
+    """The loop: ``body(carry, x) -> (carry, ys, (flags, values))`` run ``n`` times over the
+    rows of ``xs`` (last row first when ``reverse``), traced once (into a jaxpr the loop's step
+    evaluates). Returns ``ys`` stacked and each check's (any flag, value at the first iteration
+    that failed), kept in the loop's state. The first ``n_ws`` stacks are written into the
     program's workspace (its last arguments, kept from the run before: ``WorkspaceCall``), so
-    nothing fills them first; the value checks' rows (and any output when there is no
-    workspace) start as fills of distinct values (scan's one shared fill of zeros per shape
-    was copied into each buffer). A 48 MB example: scan 15.5 ms, distinct fills 11.4 (14.3 in
-    another run), workspace 7.8."""
+    nothing fills them first; any other starts as a fill of distinct values (scan's one shared
+    fill of zeros per shape was copied into each buffer). A 48 MB example: scan 15.5 ms,
+    distinct fills 11.4 (14.3 in another run), workspace 7.8."""
     x0 = tuple(jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in xs)
-    _, out = jax.eval_shape(body, carry0, x0)  # the outputs' shapes (and the body's checks)
-    flat, tree = jax.tree_util.tree_flatten(out)
-    given = program._workspace[:len(out[0])]  # the program's workspace arguments (its stacked outputs), in loop order
-    del program._workspace[:len(given)]
-    bufs = tuple(given) + tuple(jnp.full((n,) + tuple(o.shape), False if o.dtype == jnp.bool_ else k + 1, o.dtype)
-                                for k, o in enumerate(flat[len(given):]))
+    c0 = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in carry0)
+    traced, (_, ys, (flags, _)) = jax.make_jaxpr(body, return_shape=True)(c0, x0)
+    given = program.take_workspace(n_ws)
+    bufs = tuple(given) + tuple(jnp.full((n,) + tuple(o.shape), k + 1, o.dtype)
+                                for k, o in enumerate(ys[len(given):]))
+    nc, ny, nk = len(carry0), len(ys), len(flags)
+    bad0 = (tuple(jnp.zeros((), jnp.bool_) for _ in range(nk)), tuple(jnp.zeros((), jnp.int64) for _ in range(nk)))
 
     def step(i, state):
-        carry, bufs = state
+        carry, bufs, (bad, first) = state
         at = n - 1 - i if reverse else i
         x = tuple(jax.lax.dynamic_index_in_dim(a, at, 0, keepdims=False) for a in xs)
-        carry, out = body(carry, x)
-        leaves = jax.tree_util.tree_leaves(out)
-        return carry, tuple(jax.lax.dynamic_update_index_in_dim(b, y, at, 0) for b, y in zip(bufs, leaves))
+        out = jax.core.eval_jaxpr(traced.jaxpr, traced.consts, *carry, *x)
+        carry, y, f, v = out[:nc], out[nc:nc + ny], out[nc + ny:nc + ny + nk], out[nc + ny + nk:]
+        first = tuple(jnp.where(b, w, u) for b, w, u in zip(bad, first, v))
+        bad = tuple(b | g for b, g in zip(bad, f))
+        return tuple(carry), tuple(jax.lax.dynamic_update_index_in_dim(b, y, at, 0) for b, y in zip(bufs, y)), (bad, first)
 
-    _, bufs = jax.lax.fori_loop(0, n, step, (carry0, bufs))
-    program.workspace_out.extend(bufs[:len(given)])
-    return jax.tree_util.tree_unflatten(tree, list(bufs))
+    _, bufs, (bad, first) = jax.lax.fori_loop(0, n, step, (tuple(carry0), bufs, bad0))
+    program.give_workspace(bufs[:len(given)])
+    return bufs, bad, first
 
 
 def _as_carry(xs, metas):
@@ -103,15 +108,11 @@ def lower_loop(loop, env):
             else:
                 xs.append(program.stack_rows([env[id(n)][i] for n, i in v]))
     types = [(a.dtype, a.shape) for a in carry0]
-    outer = program._checks
     found = []  # the checks reported inside the body: (op, where, text, kind)
 
     def body(carry, x):
         vals = [None] * len(roles)
-        was_node = program._node
-        if outer is not None:
-            program._checks = []
-        try:
+        with program.loop_checks() as checks:
             for j, t in enumerate(roles):
                 args = []
                 for d in operands[j]:
@@ -125,22 +126,17 @@ def lower_loop(loop, env):
                         args.append(shared[s] if s in shared else carry[carried[s]] if s in carried else x[rows[s]])
                 program._node = t
                 vals[j] = program.lower_node(t, args)
-            checks = program._checks if outer is not None else []
-        finally:
-            program._node = was_node
-            program._checks = outer
         found[:] = [c[2:] for c in checks]
         ys = tuple(vals[j][i] for j, i in outputs)
         flags = tuple(c[0] for c in checks)
         values = tuple(jnp.asarray(c[1]).astype(jnp.int64) for c in checks)
         out = _as_carry(vals[out_role], metas) + tuple(vals[r][i] for r, i in nexts)
         out = tuple(jax.lax.convert_element_type(o, t) for o, (t, _) in zip(out, types))
-        return out, (ys, flags, values)
+        return out, ys, (flags, values)
 
-    ys, flags, values = _run(body, carry0, tuple(xs), len(loop.iters), reverse)
-    for (op, where, text, kind), f, v in zip(found, flags, values):
-        first = (f.shape[0] - 1 - jnp.argmax(jnp.flip(f, 0))) if reverse else jnp.argmax(f)
-        outer.append((jnp.any(f), v[first], op, where, text, kind))
+    ys, bad, first = _run(body, carry0, tuple(xs), len(loop.iters), reverse, len(outputs))
+    for info, f, v in zip(found, bad, first):
+        program.add_check(f, v, info)
     width = {}
     for (j, i), y in zip(outputs, ys):
         width.setdefault(j, {})[i] = y
