@@ -386,12 +386,17 @@ class _Match:
     def free(self, u):
         return u not in self.used and u not in self.found and id(self.g.post[u]) not in self.taken
 
+    def alike(self, u, j):
+        """Whether node ``u`` is role ``j``'s kind: the same op, signature and operand count (the
+        rule both ways of finding an iteration start from: ``fits`` and ``_prepend``)."""
+        return self.g.label[u] == self.g.label[self.template[j]] and len(self.g.post[u].operands) == len(self.desc[j])
+
     def fits(self, u, j, tent, new):
         """Whether node ``u`` can be role ``j`` given what is found (and tentatively: ``tent``)."""
         g = self.g
         n = g.post[u]
         ds = self.desc[j]
-        if g.label[u] != g.label[self.template[j]] or len(n.operands) != len(ds):
+        if not self.alike(u, j):
             return False
         for pp, ((o, oi), d) in enumerate(zip(n.operands, ds)):
             q, k = g.pos[id(o)], d[0]
@@ -408,7 +413,7 @@ class _Match:
                 if q != have or oi != d[2]:
                     return False
             else:
-                if oi != d[1] or o.sig.outs[oi] != d[2]:
+                if not _same_input(o, oi, d):
                     return False
                 key = (j, pp)
                 r = self.prev_role.get(q)
@@ -447,6 +452,12 @@ class _Match:
         return None
 
 
+def _same_input(o, oi, d):
+    """Whether output ``oi`` of node ``o`` can be the value from outside that descriptor ``d``
+    (``("in", output, meta)``) of the template reads: the same output, shape and dtype."""
+    return oi == d[1] and o.sig.outs[oi] == d[2]
+
+
 def _extend(g, template, desc, carry, f, taken, used, prev, links, lazy):
     """The next iteration's nodes, role by role, from its carry (a position); None if a role
     has no counterpart. ``prev``: the previous iteration's nodes; ``links``: what each value
@@ -467,7 +478,7 @@ def _prepend(g, template, desc, out_role, first, carry, links, taken, used, f, l
     """The iteration before ``first`` (whose carry is the node at ``carry``), role by role from
     its output (``carry``) through operands, then the roles not reached so (a layer's weight
     gradients) among their operands' users; (nodes, its carry) or None."""
-    post, pos, label = g.post, g.pos, g.label
+    post, pos = g.post, g.pos
     m = _Match(g, template, desc, f, taken, used, lazy, dict(links))
     found = m.found
     found[out_role] = carry
@@ -475,7 +486,7 @@ def _prepend(g, template, desc, out_role, first, carry, links, taken, used, f, l
     while stack:
         j = stack.pop()
         n = post[found[j]]
-        if label[found[j]] != label[template[j]] or len(n.operands) != len(desc[j]):
+        if not m.alike(found[j], j):
             return None
         for p, ((o, oi), d) in enumerate(zip(n.operands, desc[j])):
             q, k = pos[id(o)], d[0]
@@ -495,7 +506,7 @@ def _prepend(g, template, desc, out_role, first, carry, links, taken, used, f, l
                 elif found[r] != q:
                     return None
             else:
-                if oi != d[1] or o.sig.outs[oi] != d[2]:
+                if not _same_input(o, oi, d):
                     return None
                 m.outside.append(q)
     c_in = m.carry
