@@ -1,10 +1,10 @@
-"""Where a compile's time goes, by depth: HF GPT-2 from a config (width 128, batch 4 x 64
-tokens), AdamW, two training steps (the first makes the optimizer's state: one program since
+"""Where a compile's time goes, by depth: HF GPT-2 (or ``--model bert``, ``llama``) from a
+config (width 128, batch 4 x 64 tokens), AdamW, two training steps (the first makes the optimizer's state: one program since
 ``optimizer_state``, two with ``LAZYXLA_OPTIMIZER_STATE_AS_DATA=0``), each depth in a new
 process without a persistent cache.
 
 Per depth: programs compiled and their seconds, split as lazyxla's metrics split them:
-``CompileTraceTime`` (the program function traced: lazyxla's lowerings run as JAX traces them),
+``CompileRollTime`` (repeated layers found and rolled, ``rolling``), ``CompileTraceTime`` (the program function traced: lazyxla's lowerings run as JAX traces them),
 ``CompileLowerTime`` (JAX emits MLIR) and ``CompileBackendTime`` (XLA), that split again from
 XLA:CPU's own timing lines (``TF_CPP_VMODULE=cpu_compiler=1``) into its HLO passes and its code
 generation (LLVM, which compiles each distinct kernel once: identical kernels cost nothing more,
@@ -32,16 +32,30 @@ import time
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def job(depth):
+def build(model, depth):
+    """An HF model from a config: width 128, 4 heads, ``depth`` layers, 512 tokens."""
+    import transformers as tf
+    if model == "gpt2":
+        return tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=512, n_positions=64, n_embd=128, n_layer=depth, n_head=4))
+    if model == "bert":
+        return tf.BertForMaskedLM(tf.BertConfig(vocab_size=512, hidden_size=128, num_hidden_layers=depth,
+                                                num_attention_heads=4, intermediate_size=512,
+                                                max_position_embeddings=64))
+    if model == "llama":
+        return tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=512, hidden_size=128, num_hidden_layers=depth,
+                                                  num_attention_heads=4, num_key_value_heads=4,
+                                                  intermediate_size=256, max_position_embeddings=64))
+    raise SystemExit(f"unknown model {model!r}: gpt2, bert or llama")
+
+
+def job(depth, model_name):
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
     import lazyxla
     import lazyxla.debug.metrics as met
 
     dev = lazyxla.device()
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=512, n_positions=64, n_embd=128, n_layer=depth, n_head=4)
-    model = GPT2LMHeadModel(cfg).to(dev)
+    model = build(model_name, depth).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, 512, (4, 64)).to(dev)
     def step():
@@ -70,6 +84,7 @@ def job(depth):
     print(json.dumps({"compiles": met.counter_value("UncachedCompile") or 0, "total": total,
                       "largest": max(each) if each else 0.0, "trace": secs("CompileTraceTime")[0],
                       "lower": secs("CompileLowerTime")[0], "backend": secs("CompileBackendTime")[0],
+                      "roll": secs("CompileRollTime")[0],
                       "warm_ms": warm_ms}))
 
 
@@ -87,16 +102,17 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--depths", default="2,8,32")
     p.add_argument("--job", type=int)
+    p.add_argument("--model", default="gpt2", help="gpt2, bert or llama (HF, from a config)")
     p.add_argument("--flags", default=None, help="XLA_FLAGS values to compare, ';' between them")
     p.add_argument("--roll", action="store_true",
                    help="each depth unrolled and with its repeated layers rolled (LAZYXLA_ROLL_LAYERS=0 / 1, "
                         "LAZYXLA_ROLL_MIN=4)")
     a = p.parse_args()
     if a.job:
-        return job(a.job)
+        return job(a.job, a.model)
     variants = a.flags.split(";") if a.flags is not None else [None]
     rolls = ["0", "1"] if a.roll else [None]
-    print(f"{'depth':>5} {'compiles':>8} {'compile s':>9} {'trace s':>8} {'MLIR s':>7} {'XLA s':>7} "
+    print(f"{'depth':>5} {'compiles':>8} {'compile s':>9} {'roll s':>6} {'trace s':>8} {'MLIR s':>7} {'XLA s':>7} "
           f"{'passes s':>8} {'codegen s':>9} {'largest/all':>11} {'warm ms':>8}" + ("  XLA_FLAGS" if a.flags is not None else "")
           + ("  rolled" if a.roll else ""))
     for depth in (int(d) for d in a.depths.split(",")):
@@ -106,11 +122,11 @@ def main():
                 env["XLA_FLAGS"] = flags
             if roll is not None:
                 env.update(LAZYXLA_ROLL_LAYERS=roll, LAZYXLA_ROLL_MIN="4")
-            r = subprocess.run([sys.executable, __file__, "--job", str(depth)], capture_output=True, text=True,
+            r = subprocess.run([sys.executable, __file__, "--job", str(depth), "--model", a.model], capture_output=True, text=True,
                                check=True, env=env)
             g = json.loads(r.stdout.strip().splitlines()[-1])
             passes, codegen = xla_split(r.stderr)
-            print(f"{depth:>5} {g['compiles']:>8} {g['total']:>9.2f} {g['trace']:>8.2f} {g['lower']:>7.2f} "
+            print(f"{depth:>5} {g['compiles']:>8} {g['total']:>9.2f} {g['roll']:>6.2f} {g['trace']:>8.2f} {g['lower']:>7.2f} "
                   f"{g['backend']:>7.2f} {passes:>8.2f} {codegen:>9.2f} {g['largest'] / g['total'] if g['total'] else 0:>11.2f} "
                   f"{g['warm_ms']:>8.1f}" + (f"  {flags or '(defaults)'}" if flags is not None else "")
                   + (f"  {'yes' if roll == '1' else 'no'}" if roll is not None else ""))

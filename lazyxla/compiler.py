@@ -10,7 +10,8 @@ parameters (R9) and tupling the parameters at or above ``XLA_PARAMETER_WRAPPING_
 program text without compiling (R10). A failure names the graph's hash, its ops and the
 user's lines that recorded them (an ``ExecutionError``).
 
-May touch: the compile metrics (``CompileTime``, split into ``CompileTraceTime`` (the program
+May touch: the compile metrics (``CompileTime``, split into ``CompileRollTime`` (``rolling``),
+``CompileTraceTime`` (the program
 function traced: lazyxla's lowerings), ``CompileLowerTime`` (JAX to MLIR) and
 ``CompileBackendTime`` (XLA); ``CreateCompileHandles``,
 ``TensorsGraphSize``, ``InputOutputAliasCount``). Reads the wrapping threshold once. After a
@@ -59,8 +60,10 @@ def rolled(graph):
     if spmd() or process_mesh() is not None:
         return graph.post, []
     if graph.rolled is None:
+        t0 = metrics.now_ns()
         post = rolling.roll(graph.post, graph.roots)
         graph.rolled = post, [w for n in post if type(n) is rolling.Loop for w in n.workspace()]
+        metrics.metric_add("CompileRollTime", metrics.now_ns() - t0, "time")
     return graph.rolled
 
 
@@ -157,8 +160,9 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
     """The compiled program (a ``jax.stages.Compiled``, or a ``ProcessProgram`` around one in a
     job of several processes), what compiling it cost (ns), and its value checks (one more
     output when there are any: ``lowering.program``)."""
-    fn, args, body, ws = _function(graph, name)
     t0 = metrics.now_ns()
+    fn, args, body, ws = _function(graph, name)  # rolls the graph's layers (``CompileRollTime``)
+    tf = metrics.now_ns()
     try:
         with tupled_parameters(wrap_allowed and len(args) >= WRAP_THRESHOLD):
             donate = tuple(donors) + tuple(range(len(args) - len(ws), len(args)))
@@ -179,7 +183,7 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
         compiled = WorkspaceCall(compiled, ws, len(graph.roots))
     dt = metrics.now_ns() - t0
     metrics.metric_add("CompileTime", dt, "time")
-    metrics.metric_add("CompileTraceTime", t1 - t0, "time")
+    metrics.metric_add("CompileTraceTime", t1 - tf, "time")
     metrics.metric_add("CompileLowerTime", t2 - t1, "time")
     metrics.metric_add("CompileBackendTime", t3 - t2, "time")
     metrics.counter_inc("CreateCompileHandles")

@@ -119,11 +119,12 @@ class _Index:
         self.pos = pos = {id(n): i for i, n in enumerate(post)}
         self.users = users = [[] for _ in post]
         self.uses = uses = [[] for _ in post]  # (user, position) for the hash: a variadic user's position is no structure
-        for i, n in enumerate(post):
-            wide = len(n.operands) > _WIDE
-            for p, (o, _) in enumerate(n.operands):
-                users[pos[id(o)]].append((i, p))
-                uses[pos[id(o)]].append((i, -1 if wide else p))
+        self.reads = [tuple(pos[id(o)] for o, _ in n.operands) for n in post]  # operands' positions
+        for i, qs in enumerate(self.reads):
+            wide = len(qs) > _WIDE
+            for p, q in enumerate(qs):
+                users[q].append((i, p))
+                uses[q].append((i, -1 if wide else p))
         self.roots = {id(n) for n, _ in roots}
         intern = {}
         self.label = [intern.setdefault(n.sig.hb, len(intern)) for n in post]
@@ -164,12 +165,12 @@ def _carry_depth(g, anchors):
     """For each node: the index of the last anchor it depends on (-1: none); None when the
     anchors are not a chain."""
     at = {a: k for k, a in enumerate(anchors)}
-    f = [-1] * len(g.post)
-    pos = g.pos
-    for i, n in enumerate(g.post):
+    f = [-1] * len(g.post)  # nothing before the first anchor depends on one
+    reads = g.reads
+    for i in range(anchors[0], len(f)):
         d = -1
-        for o, _ in n.operands:
-            x = f[pos[id(o)]]
+        for q in reads[i]:
+            x = f[q]
             if x > d:
                 d = x
         k = at.get(i)
