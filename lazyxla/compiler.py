@@ -52,19 +52,23 @@ def _per_process_mesh():
     return None if spmd() else process_mesh()
 
 
-def rolled(graph):
+def rolled(graph, count=True):
     """The graph's post-order with its repeated layers rolled (``rolling``; not under SPMD or
     in a job of several processes) and the workspace its loops' stacked outputs need (abstract
     values: the program's last arguments and the outputs after its roots, ``WorkspaceCall``).
-    Found once per graph (a persistent-cache lookup asks first, then the compile)."""
+    Found once per graph (a persistent-cache lookup asks first, then the compile); ``count``:
+    the metrics count it (not for a program's text, which leaves them unchanged: R10)."""
     if spmd() or process_mesh() is not None:
         return graph.post, []
-    if graph.rolled is None:
-        t0 = metrics.now_ns()
-        post = rolling.roll(graph.post, graph.roots)
-        graph.rolled = post, [w for n in post if type(n) is rolling.Loop for w in n.workspace()]
+    if graph.rolled is not None:
+        return graph.rolled
+    t0 = metrics.now_ns()
+    post = rolling.roll(graph.post, graph.roots, count)
+    found = post, [w for n in post if type(n) is rolling.Loop for w in n.workspace()]
+    if count:
+        graph.rolled = found
         metrics.metric_add("CompileRollTime", metrics.now_ns() - t0, "time")
-    return graph.rolled
+    return found
 
 
 class WorkspaceCall:
@@ -94,13 +98,13 @@ class WorkspaceCall:
         return getattr(self.compiled, name)
 
 
-def _function(graph, name):
+def _function(graph, name, count=True):
     """The program's function, its abstract arguments and its workspace (``rolled``); in a job
     of several processes, the function runs on every process's device under ``shard_map`` with
     the process axis bound (each process's arrays are its own block of a global array that
     claims to be replicated: the body is per-process code, and only the collectives cross
     processes)."""
-    post, ws = rolled(graph)
+    post, ws = rolled(graph, count)
     body = fn = build_program(post, graph.roots, graph.params, workspace=len(ws))
     fn.__name__ = name
     args = specs(graph) + ws
@@ -194,7 +198,7 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
 
 def hlo_text(graph) -> str:
     """The program text of the graph (HLO; StableHLO where JAX offers no HLO text)."""
-    fn, args, _, _ = _function(graph, "IrToHlo")
+    fn, args, _, _ = _function(graph, "IrToHlo", count=False)
     lowered = jax.jit(fn).lower(*args)
     try:
         return lowered.compiler_ir("hlo").as_hlo_text()

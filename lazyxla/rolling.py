@@ -84,9 +84,10 @@ class Loop:
         return f"<Loop {len(self.iters)} x {len(self.roles)} ops>"
 
 
-def roll(post, roots):
+def roll(post, roots, count=True):
     """``post`` with its repeated layers rolled: a list of nodes and ``Loop``s in an order that
-    computes every operand first; ``post`` itself when nothing rolls."""
+    computes every operand first; ``post`` itself when nothing rolls. ``count``: the loops are
+    counted (``RolledLoops``, ``RolledIterations``); not for a program's text (R10)."""
     del last_report[:]
     if not ENABLED or len(post) < MIN_ITERATIONS * MIN_BODY:
         return post
@@ -105,7 +106,7 @@ def roll(post, roots):
     if order is None:
         last_report.append("not rolled: the loops depend on each other in a cycle")
         return post
-    for lp in loops:
+    for lp in loops if count else ():
         metrics.counter_inc("RolledLoops")
         metrics.counter_inc("RolledIterations", len(lp.iters))
     return order

@@ -83,6 +83,21 @@ def test_loop_of_alike_layers_rolls_and_trains_as_eager(roll_small):
     assert sum(r.startswith("rolled at") for r in rolling.last_report) == 2
 
 
+def test_a_rolled_programs_text_compiles_nothing_and_counts_nothing(roll_small):
+    torch.manual_seed(0)
+    dev = lazyxla.device()
+    model = Net(6).to(dev)
+    loss = model(torch.randn(4, 8).to(dev))
+    loss.backward()
+    grads = [p.grad for p in model.parameters()]
+    met.clear_all()
+    text = lazyxla.dump_hlo([loss] + grads)
+    assert "while" in text  # the rolled loops are in the text
+    assert met.counter_names() == [] and met.metric_names() == []
+    lazyxla.sync()
+    assert met.counter_value("RolledLoops") == 2 and met.counter_value("UncachedCompile") == 1
+
+
 def _dropout_losses(roll, monkeypatch):
     monkeypatch.setattr(rolling, "ENABLED", roll)
     computation_cache().clear()
