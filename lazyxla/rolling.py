@@ -267,14 +267,17 @@ def _build(g, anchors, f, taken):
     if len(template) < MIN_BODY:
         return None, None
     # leaf-only ops this iteration reads (a weight's transpose or view) go inside the body: the
-    # loop reads the stacked leaves, and XLA folds such ops into their readers
+    # loop reads the stacked leaves, and XLA folds such ops into their readers; so do ops that
+    # read an earlier loop's values (the backward pass's transpose of the forward's transposed
+    # weight): the loop reads that loop's stack whole, where one op per row outside would be a
+    # kernel per row (XLA:CPU compiles a slice at each offset as a kernel of its own)
     inside = set(template)
     hang = set()
     for i in template:
         for o, _ in post[i].operands:
             q = pos[id(o)]
             if (q not in inside and q not in hang and o.data is None and o.operands and id(o) not in taken
-                    and all(x.data is not None for x, _ in o.operands)):
+                    and all(x.data is not None or id(x) in taken for x, _ in o.operands)):
                 hang.add(q)
     template = sorted(inside | hang)
     role_of = {i: j for j, i in enumerate(template)}

@@ -235,3 +235,30 @@ def test_a_rolled_program_is_kept_by_the_persistent_cache(tmp_path):
     assert hit2 >= 1  # the second process runs the stored rolled program (its workspace given back)
     assert l1 == l2
     assert l1 == pytest.approx(unrolled[0], rel=1e-5)
+
+
+def test_rows_of_loop_stacks_are_stacked_in_any_order_as_eager_stacks_them():
+    """The optimizer's group of alike parameters stacks their gradients in the model's order:
+    rows of a loop's stacks, several stacks in turn (each layer's q, k, v, o), forward or
+    reversed, with other values between: taken as slices of the stacks, equal to a stack."""
+    import jax.numpy as jnp
+    import numpy as np
+    from lazyxla.lowering import program
+
+    a = jnp.arange(15, dtype=jnp.float32).reshape(5, 3)
+    b, c, other = a + 100, a + 1000, jnp.full((3,), -1.0)
+    was, program._trace = program._trace, program._Trace([])
+    try:
+        def row(st, k):
+            v = st[k]
+            program.note_row(v, st, k)
+            return v
+        cases = [[row(a, k) for k in range(5)],
+                 [row(a, k) for k in range(4, -1, -1)],
+                 [x for k in range(5) for x in (row(a, k), row(b, k), row(c, k))],
+                 [other] + [x for k in range(4, 0, -1) for x in (row(a, k), row(b, k))] + [other, row(c, 2)],
+                 [row(a, 0), row(b, 3), row(a, 1)]]
+        for values in cases:
+            np.testing.assert_array_equal(np.asarray(program.stack_rows(values)), np.asarray(jnp.stack(values)))
+    finally:
+        program._trace = was

@@ -215,37 +215,68 @@ def row_run(values):
     return None
 
 
+_PERIODS = 8  # the most stacks whose rows one run interleaves (a layer's q, k, v, o weights: 4)
+
+
 def stack_rows(values):
-    """``jnp.stack(values)``, reading runs of rows of a stack as its slices."""
-    runs = []  # [stack, first row, last row, step] or an array
+    """``jnp.stack(values)``, reading runs of rows of stacks as slices of them: rows of one stack
+    in order (or reversed), or of ``p`` stacks taken in turn (a group of parameters in a model's
+    order: each layer's q, k, v and o weights, each role a stack of the loop), interleaved in
+    one kernel."""
     rows = _rows()
+    info = []  # per value: (stack, row) or None
     for v in values:
         r = rows.get(id(v))
-        if r is not None and r[0] is v:
-            _, st, k = r
-            last = runs[-1] if runs else None
-            if type(last) is list and last[0] is st:
-                step = k - last[2]
-                if step in (1, -1) and (last[3] == 0 or last[3] == step):
-                    last[2], last[3] = k, step
-                    continue
-            runs.append([st, k, k, 0])
-        else:
-            runs.append(v)
-    if all(type(r) is not list for r in runs):
+        info.append((r[1], r[2]) if r is not None and r[0] is v else None)
+    if all(x is None for x in info):
         return jnp.stack(values)
-    parts = []
-    for r in runs:
-        if type(r) is not list:
-            parts.append(r[None])
+    parts, i = [], 0
+    while i < len(values):
+        best = None
+        if info[i] is not None:
+            for p in range(1, _PERIODS + 1):
+                m = _periods(info, i, p)
+                if m >= 2 and (best is None or m * p > best[0] * best[1]):
+                    best = (m, p)
+        if best is None:
+            parts.append(values[i][None])
+            i += 1
             continue
-        st, a, b, step = r
-        if step >= 0:
-            parts.append(st if (a, b) == (0, st.shape[0] - 1) else st[a:b + 1])
-        else:
-            part = st if (b, a) == (0, st.shape[0] - 1) else st[b:a + 1]
-            parts.append(jnp.flip(part, 0))
+        m, p = best
+        cols = []
+        for j in range(p):
+            st, a = info[i + j]
+            b = info[i + j + (m - 1) * p][1]
+            lo, hi = min(a, b), max(a, b)
+            col = st if (lo, hi) == (0, st.shape[0] - 1) else st[lo:hi + 1]
+            cols.append(col if b >= a else jnp.flip(col, 0))
+        parts.append(cols[0] if p == 1 else jnp.stack(cols, 1).reshape((m * p,) + tuple(cols[0].shape[1:])))
+        i += m * p
     return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+
+
+def _periods(info, i, p):
+    """How many times the ``p`` rows from ``info[i]`` on repeat, each the next (or previous) row
+    of the same stack as ``p`` places before."""
+    first = info[i:i + p]
+    if len(first) < p or any(x is None for x in first):
+        return 0
+    steps = []
+    for j in range(p):
+        nxt = info[i + p + j] if i + p + j < len(info) else None
+        if nxt is None or nxt[0] is not first[j][0] or abs(nxt[1] - first[j][1]) != 1:
+            return 1
+        steps.append(nxt[1] - first[j][1])
+    m = 1
+    while True:
+        at = i + m * p
+        if at + p > len(info):
+            return m
+        for j in range(p):
+            x = info[at + j]
+            if x is None or x[0] is not first[j][0] or x[1] != first[j][1] + m * steps[j]:
+                return m
+        m += 1
 
 
 # ---------------------------------------------------------------------------------------
