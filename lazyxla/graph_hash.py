@@ -60,7 +60,7 @@ def _force_ltc_data(req):
 def _environment_ingredient():
     env = compile_environment()
     parts = ("platform", "platform_version", "devices", "XLA_FLAGS", "XLA_IR_DEBUG", "XLA_HLO_DEBUG",
-             "LAZYXLA_CHECK_VALUES")
+             "LAZYXLA_CHECK_VALUES", "LAZYXLA_PRNG_IMPL")
     env_h = fold(*(encode(k) + encode(env[k]) for k in parts))
     torch_rev = env["torch_git"]
     xla_rev = f"lazyxla {env['lazyxla']}; jaxlib {env['jaxlib']}"

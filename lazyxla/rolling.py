@@ -268,8 +268,9 @@ def _build(g, anchors, f, taken):
         return None, None
     # leaf-only ops this iteration reads (a weight's transpose or view) go inside the body: the
     # loop reads the stacked leaves, and XLA folds such ops into their readers; so do ops that
-    # read an earlier loop's values (the backward pass's transpose of the forward's transposed
-    # weight): the loop reads that loop's stack whole, where one op per row outside would be a
+    # read an earlier loop's values or leaf-only ops (the backward pass's transpose of the
+    # forward's transposed weight, in a layer the forward loop holds or not): the loop reads
+    # that loop's stack whole, where one op per row outside would be a
     # kernel per row (XLA:CPU compiles a slice at each offset as a kernel of its own)
     inside = set(template)
     hang = set()
@@ -277,7 +278,7 @@ def _build(g, anchors, f, taken):
         for o, _ in post[i].operands:
             q = pos[id(o)]
             if (q not in inside and q not in hang and o.data is None and o.operands and id(o) not in taken
-                    and all(x.data is not None or id(x) in taken for x, _ in o.operands)):
+                    and all(x.data is not None or id(x) in taken or _leaf_view(x) for x, _ in o.operands)):
                 hang.add(q)
     template = sorted(inside | hang)
     role_of = {i: j for j, i in enumerate(template)}
@@ -323,6 +324,16 @@ def _build(g, anchors, f, taken):
         return None, (f"not rolled at {fmt_where(where)}: {len(iters)} alike iterations of {len(template)} ops "
                       f"(fewer than {MIN_ITERATIONS})")
     return _Cand(template, desc, iters, links, out_role, a0, where), None
+
+
+_VIEWS = frozenset(("aten::t", "aten::transpose.int", "aten::permute", "aten::view", "aten::_unsafe_view",
+                    "aten::reshape", "aten::unsqueeze", "aten::squeeze.dim", "aten::expand", "aten::alias"))
+
+
+def _leaf_view(x):
+    """Whether node ``x`` is a view of leaves (a weight's transpose): another loop may take it as
+    a leaf-only op of its own, so one reading it can go inside a body as well."""
+    return x.sig.op in _VIEWS and all(y.data is not None for y, _ in x.operands)
 
 
 class _Cand:

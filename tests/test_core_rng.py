@@ -202,6 +202,7 @@ def test_each_random_op_draws_from_the_next_seed_of_the_chain():
     wrap) from the step's seed: its numbers are JAX's for that seed."""
     import jax
     import jax.numpy as jnp
+    from lazyxla.lowering import random
 
     n = fresh()
     lazyxla.manual_seed(77)
@@ -211,7 +212,7 @@ def test_each_random_op_draws_from_the_next_seed_of_the_chain():
     for g in got:
         s = (2531011 + 214013 * s) % (1 << 64)
         want = jax.random.uniform(jax.random.key(jnp.uint64(s) if jax.config.jax_enable_x64 else s,
-                                                 impl="threefry2x32"), (n,), jnp.float32)
+                                                 impl=random.IMPL), (n,), jnp.float32)
         assert torch.equal(g.cpu(), torch.from_numpy(jax.device_get(want).copy()))
 
 
@@ -228,3 +229,24 @@ def test_random_ops_alike_compile_to_the_same_kernels_whatever_their_number():
         lazyxla.sync()
         got[k] = distinct_kernels(last_program_text())
     assert got[8] == got[2], got
+
+
+RNG_IMPL = """
+import json, torch, lazyxla
+lazyxla.manual_seed(5)
+y = torch.rand(64, device=lazyxla.device())
+key = lazyxla.graph_hash([y])
+print(json.dumps({"values": y.cpu().tolist(), "key": key}))
+"""
+
+
+def test_the_bit_generator_is_part_of_every_key():
+    """``LAZYXLA_PRNG_IMPL`` changes the numbers a seed gives, so it is in the compile
+    environment: a program stored under one generator is never loaded under the other."""
+    from lazyhelp import json_runs
+    rbg, = json_runs(RNG_IMPL, LAZYXLA_PRNG_IMPL="rbg")
+    again, = json_runs(RNG_IMPL, LAZYXLA_PRNG_IMPL="rbg")
+    threefry, = json_runs(RNG_IMPL, LAZYXLA_PRNG_IMPL="threefry2x32")
+    assert rbg == again
+    assert rbg["key"] != threefry["key"] and rbg["values"] != threefry["values"]
+    assert all(0 <= v < 1 for v in rbg["values"] + threefry["values"])

@@ -215,7 +215,7 @@ def row_run(values):
     return None
 
 
-_PERIODS = 8  # the most stacks whose rows one run interleaves (a layer's q, k, v, o weights: 4)
+_PERIODS = 32  # the most stacks whose rows one run interleaves (a BERT layer has 9 vectors of its width)
 
 
 def stack_rows(values):
