@@ -265,7 +265,8 @@ def _build(g, anchors, f, taken):
     template = [i for i in template if id(post[i]) not in taken and post[i].data is None]
     where = post[a0].where
     if len(template) < MIN_BODY:
-        return None, None
+        return None, (f"not rolled at {fmt_where(where)}: an iteration of {len(template)} ops "
+                      f"(fewer than {MIN_BODY})")
     # leaf-only ops this iteration reads (a weight's transpose or view) go inside the body: the
     # loop reads the stacked leaves, and XLA folds such ops into their readers; so do ops that
     # read an earlier loop's values or leaf-only ops (the backward pass's transpose of the

@@ -98,6 +98,35 @@ def test_a_rolled_programs_text_compiles_nothing_and_counts_nothing(roll_small):
     assert met.counter_value("RolledLoops") == 2 and met.counter_value("UncachedCompile") == 1
 
 
+def test_each_compile_says_what_rolled_and_what_did_not(roll_small):
+    import lazyxla.debug
+    torch.manual_seed(0)
+    dev = lazyxla.device()
+    model = Net(6).to(dev)
+    model(torch.randn(4, 8).to(dev)).backward()
+    lazyxla.sync()
+    text = lazyxla.debug.recompile_log()[-1].text
+    assert "[layers] rolled at test_rolling.py:" in text and "iterations of" in text, text
+
+    class Small(torch.nn.Module):  # alike layers of two ops: too small a body to roll
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(8))
+
+        def forward(self, x):
+            for m in self.layers:
+                x = torch.tanh(m(x))
+            return x.sum()
+
+    small = Small().to(dev)
+    with torch.no_grad():
+        out = small(torch.randn(4, 8).to(dev))
+        lazyxla.sync()
+    assert out.cpu().isfinite()
+    text = lazyxla.debug.recompile_log()[-1].text
+    assert "not rolled at test_rolling.py:" in text and "fewer than" in text, text
+
+
 def _dropout_losses(roll, monkeypatch):
     monkeypatch.setattr(rolling, "ENABLED", roll)
     computation_cache().clear()

@@ -13,6 +13,9 @@ new dtype) is a record of its own, site ``"dynamo"``, with Dynamo's guard failur
 a step of ``lazyxla.compile(fn, replay=True)`` captured again (new arguments, a stale binding)
 is one of site ``"replay"``, with the reason.
 
+A compile whose graph has repeated layers says what rolled into loops or why not
+(``rolling.last_report``, the compile's own: rolling runs just before it).
+
 ``recompile_log()`` returns the records; ``LAZYXLA_EXPLAIN_RECOMPILES=1`` prints each one
 as it happens. ``Recorder`` is the subscriber (``events``) that keeps the history; it reads
 the persistent cache's list of keys other processes compiled. May touch: its own history.
@@ -22,7 +25,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from .. import persistent_cache
+from .. import persistent_cache, rolling
 from ..config import env_flag
 from ..dynamic import describe
 from ..graph_hash import SITES, FoldTrace, Step
@@ -486,6 +489,8 @@ class Recorder:
         if _NOTES:
             padded += " [dynamic shapes] " + "; ".join(_NOTES)
             _NOTES.clear()
+        if rolling.last_report:  # this compile's repeated layers: what rolled into loops, or why not
+            padded += " [layers] " + "; ".join(rolling.last_report)
         earlier = [t for t in _disk_history() + _HISTORY if t.key != trace.key]
         if earlier:
             grown_from, growth = _grown(trace, _HISTORY[-_GROWN_LOOKBACK:]) if cause == "read" else (None, "")
