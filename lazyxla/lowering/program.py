@@ -16,7 +16,11 @@ the parameters, which ``executor`` hands to ``jax.jit``. ``lower_convert`` and
 ``lower_view_scatter`` lower the warm path's own ``lazyxla::convert`` and ``lazyxla::view_scatter``
 nodes, ``lower_sharding`` a sharding annotation (``xla::sharding``).
 
-May touch: nothing; reads the registries only.
+While a program is traced it holds one trace state (``_Trace``): the rolled loops' workspace
+arguments and final buffers, and the rows of their stacked outputs (``stack_rows`` reads runs of
+them as slices); ``loop_checks`` collects a loop body's value checks apart.
+
+May touch: its own trace state while a program is traced; reads the registries.
 """
 from __future__ import annotations
 
