@@ -53,7 +53,6 @@ def _run(body, carry0, xs, n, reverse, n_ws):
     x0 = tuple(jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in xs)
     c0 = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in carry0)
     traced, (_, ys, (flags, _)) = jax.make_jaxpr(body, return_shape=True)(c0, x0)
-    # lax's *_index_in_dim are jitted wrappers: a trace of their own per shape (~0.5 ms each)
     given = program.take_workspace(n_ws)
     bufs = tuple(given) + tuple(jnp.full((n,) + tuple(o.shape), k + 1, o.dtype)
                                 for k, o in enumerate(ys[len(given):]))
@@ -63,12 +62,14 @@ def _run(body, carry0, xs, n, reverse, n_ws):
     def step(i, state):
         carry, bufs, (bad, first) = state
         at = n - 1 - i if reverse else i
+        # (not lax's *_index_in_dim: jitted wrappers, a trace of their own per shape, ~0.5 ms each)
         x = tuple(jax.lax.squeeze(jax.lax.dynamic_slice_in_dim(a, at, 1, 0), (0,)) for a in xs)
         out = jax.core.eval_jaxpr(traced.jaxpr, traced.consts, *carry, *x)
         carry, y, f, v = out[:nc], out[nc:nc + ny], out[nc + ny:nc + ny + nk], out[nc + ny + nk:]
         first = tuple(jnp.where(b, w, u) for b, w, u in zip(bad, first, v))
         bad = tuple(b | g for b, g in zip(bad, f))
-        return tuple(carry), tuple(jax.lax.dynamic_update_slice_in_dim(b, y[None], at, 0) for b, y in zip(bufs, y)), (bad, first)
+        bufs = tuple(jax.lax.dynamic_update_slice_in_dim(b, r[None], at, 0) for b, r in zip(bufs, y))
+        return tuple(carry), bufs, (bad, first)
 
     _, bufs, (bad, first) = jax.lax.fori_loop(0, n, step, (tuple(carry0), bufs, bad0))
     program.give_workspace(bufs[:len(given)])
