@@ -27,11 +27,13 @@ May touch: nothing; reads the IR, counts ``RolledLoops`` and ``RolledIterations`
 from __future__ import annotations
 
 import jax
+from torch._ops import OpOverload
 
 from . import metrics
 from .config import env_flag, env_int
 from .ir import fmt_where
 from .lowering.rolled import lower_loop
+from .signature import op_info
 from .xla import jnp_dtype
 
 ENABLED = env_flag("LAZYXLA_ROLL_LAYERS", True)
@@ -327,14 +329,12 @@ def _build(g, anchors, f, taken):
     return _Cand(template, desc, iters, links, out_role, a0, where), None
 
 
-_VIEWS = frozenset(("aten::t", "aten::transpose.int", "aten::permute", "aten::view", "aten::_unsafe_view",
-                    "aten::reshape", "aten::unsqueeze", "aten::squeeze.dim", "aten::expand", "aten::alias"))
-
-
 def _leaf_view(x):
-    """Whether node ``x`` is a view of leaves (a weight's transpose): another loop may take it as
-    a leaf-only op of its own, so one reading it can go inside a body as well."""
-    return x.sig.op in _VIEWS and all(y.data is not None for y, _ in x.operands)
+    """Whether node ``x`` is a view of leaves (a weight's transpose: its op's schema returns an
+    alias, ``FuncInfo.view``): another loop may take it as a leaf-only op of its own, so one
+    reading it can go inside a body as well."""
+    f = x.sig.func
+    return type(f) is OpOverload and op_info(f).view and all(y.data is not None for y, _ in x.operands)
 
 
 class _Cand:

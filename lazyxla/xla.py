@@ -215,6 +215,13 @@ def _code_flags(value: str) -> str:
     return " ".join(sorted(keep))
 
 
+# The bits random ops draw (``lowering.random``): XLA's RngBitGenerator ("rbg", as torch_xla),
+# or JAX's "unsafe_rbg" or "threefry2x32"; part of the compile environment
+PRNG_IMPL = env_str("LAZYXLA_PRNG_IMPL", "rbg")
+if PRNG_IMPL not in ("rbg", "unsafe_rbg", "threefry2x32"):
+    raise ValueError(f"LAZYXLA_PRNG_IMPL={PRNG_IMPL!r}: one of rbg, unsafe_rbg, threefry2x32")
+
+
 @functools.lru_cache(maxsize=1)
 def compile_environment() -> dict:
     """What a compiled program depends on besides its graph, read once per process:
@@ -231,7 +238,7 @@ def compile_environment() -> dict:
         "XLA_IR_DEBUG": env_str("XLA_IR_DEBUG"),
         "XLA_HLO_DEBUG": env_str("XLA_HLO_DEBUG"),
         "LAZYXLA_CHECK_VALUES": "1" if env_flag("LAZYXLA_CHECK_VALUES", True) else "0",
-        "LAZYXLA_PRNG_IMPL": env_str("LAZYXLA_PRNG_IMPL", "rbg"),
+        "LAZYXLA_PRNG_IMPL": PRNG_IMPL,
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
         "torch": f"{torch.__version__} ({torch.version.git_version})",

@@ -202,7 +202,7 @@ def test_each_random_op_draws_from_the_next_seed_of_the_chain():
     wrap) from the step's seed: its numbers are JAX's for that seed."""
     import jax
     import jax.numpy as jnp
-    from lazyxla.lowering import random
+    from lazyxla.xla import PRNG_IMPL
 
     n = fresh()
     lazyxla.manual_seed(77)
@@ -212,7 +212,7 @@ def test_each_random_op_draws_from_the_next_seed_of_the_chain():
     for g in got:
         s = (2531011 + 214013 * s) % (1 << 64)
         want = jax.random.uniform(jax.random.key(jnp.uint64(s) if jax.config.jax_enable_x64 else s,
-                                                 impl=random.IMPL), (n,), jnp.float32)
+                                                 impl=PRNG_IMPL), (n,), jnp.float32)
         assert torch.equal(g.cpu(), torch.from_numpy(jax.device_get(want).copy()))
 
 

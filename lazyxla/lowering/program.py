@@ -169,8 +169,6 @@ _trace = None  # the outermost program being traced, or None
 
 def take_workspace(k):
     """The next ``k`` (at most) of the program's workspace arguments (``rolled``)."""
-    if _trace is None:
-        return []
     got = _trace.workspace[:k]
     del _trace.workspace[:k]
     return got
@@ -186,37 +184,28 @@ def give_workspace(bufs):
 # optimizer's step stacking a group's gradients, a loop stacking its per-iteration inputs) takes
 # runs of rows as slices of the loop's stack, never as a stack of per-row slices (one kernel
 # per row: XLA:CPU compiles each slice at another offset as a kernel of its own).
-def _rows():
-    return _trace.rows if _trace is not None else {}
-
-
 def note_row(array, stack, k):
-    if _trace is not None:
+    if _trace is not None:  # (a lowering also runs for shapes alone, outside any program)
         _trace.rows[id(array)] = (array, stack, k)
+
+
+def _row_info(values):
+    """Per value: (stack, row) when it is a row of a loop's stack (``note_row``), else None."""
+    rows = _trace.rows if _trace is not None else {}
+    info = []
+    for v in values:
+        r = rows.get(id(v))
+        info.append((r[1], r[2]) if r is not None and r[0] is v else None)
+    return info
 
 
 def row_run(values):
     """(stack, 1) when ``values`` are every row of one stack in order, (stack, -1) when in
     reverse order, else None."""
-    rows = _rows()
-    r = rows.get(id(values[0]))
-    if r is None or r[0] is not values[0]:
+    info = _row_info(values)
+    if info[0] is None or _periods(info, 0, 1) != len(values) or len(values) != info[0][0].shape[0]:
         return None
-    st = r[1]
-    n = st.shape[0]
-    if len(values) != n:
-        return None
-    ks = []
-    for v in values:
-        r = rows.get(id(v))
-        if r is None or r[0] is not v or r[1] is not st:
-            return None
-        ks.append(r[2])
-    if ks == list(range(n)):
-        return st, 1
-    if ks == list(range(n - 1, -1, -1)):
-        return st, -1
-    return None
+    return info[0][0], (1 if info[0][1] == 0 else -1)
 
 
 _PERIODS = 32  # the most stacks whose rows one run interleaves (a BERT layer has 9 vectors of its width)
@@ -227,26 +216,17 @@ def stack_rows(values):
     in order (or reversed), or of ``p`` stacks taken in turn (a group of parameters in a model's
     order: each layer's q, k, v and o weights, each role a stack of the loop), interleaved in
     one kernel."""
-    rows = _rows()
-    info = []  # per value: (stack, row) or None
-    for v in values:
-        r = rows.get(id(v))
-        info.append((r[1], r[2]) if r is not None and r[0] is v else None)
+    info = _row_info(values)
     if all(x is None for x in info):
         return jnp.stack(values)
     parts, i = [], 0
     while i < len(values):
-        best = None
-        if info[i] is not None:
-            for p in range(1, _PERIODS + 1):
-                m = _periods(info, i, p)
-                if m >= 2 and (best is None or m * p > best[0] * best[1]):
-                    best = (m, p)
-        if best is None:
+        m, p = (0, 1) if info[i] is None else \
+            max(((_periods(info, i, p), p) for p in range(1, _PERIODS + 1)), key=lambda mp: (mp[0] * mp[1], -mp[1]))
+        if m < 2:
             parts.append(values[i][None])
             i += 1
             continue
-        m, p = best
         cols = []
         for j in range(p):
             st, a = info[i + j]
@@ -261,26 +241,20 @@ def stack_rows(values):
 
 def _periods(info, i, p):
     """How many times the ``p`` rows from ``info[i]`` on repeat, each the next (or previous) row
-    of the same stack as ``p`` places before."""
+    of the same stack as ``p`` places before (0: not ``p`` rows there)."""
     first = info[i:i + p]
-    if len(first) < p or any(x is None for x in first):
+    if len(first) < p or None in first:
         return 0
-    steps = []
-    for j in range(p):
-        nxt = info[i + p + j] if i + p + j < len(info) else None
-        if nxt is None or nxt[0] is not first[j][0] or abs(nxt[1] - first[j][1]) != 1:
-            return 1
-        steps.append(nxt[1] - first[j][1])
-    m = 1
-    while True:
-        at = i + m * p
-        if at + p > len(info):
-            return m
-        for j in range(p):
-            x = info[at + j]
-            if x is None or x[0] is not first[j][0] or x[1] != first[j][1] + m * steps[j]:
-                return m
+    second = info[i + p:i + 2 * p]
+    if len(second) < p or any(x is None or x[0] is not f[0] or abs(x[1] - f[1]) != 1 for x, f in zip(second, first)):
+        return 1
+    steps = [x[1] - f[1] for x, f in zip(second, first)]
+    m = 2
+    while i + (m + 1) * p <= len(info) and all(
+            x is not None and x[0] is f[0] and x[1] == f[1] + m * d
+            for x, f, d in zip(info[i + m * p:i + (m + 1) * p], first, steps)):
         m += 1
+    return m
 
 
 # ---------------------------------------------------------------------------------------

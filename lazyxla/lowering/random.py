@@ -11,22 +11,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..config import env_str
-from ..xla import jnp_dtype
+from ..xla import PRNG_IMPL, jnp_dtype
 from .program import report
 from .registry import register
 
 
-# XLA's RngBitGenerator (JAX's "rbg"), as torch_xla draws: JAX's threefry is some twenty rounds
-# of integer ops fused into each random op's kernel, which XLA:CPU compiles for 0.3 s per
-# shape (HF BERT depth 2: 2.31 s -> 1.54 s to compile), for ~20% less time drawing the bits
-IMPL = env_str("LAZYXLA_PRNG_IMPL", "rbg")
-if IMPL not in ("rbg", "unsafe_rbg", "threefry2x32"):
-    raise ValueError(f"LAZYXLA_PRNG_IMPL={IMPL!r}: one of rbg, unsafe_rbg, threefry2x32")
-
-
+# XLA's RngBitGenerator by default (``xla.PRNG_IMPL``): JAX's threefry is some twenty rounds of
+# integer ops fused into each random op's kernel, which XLA:CPU compiles for 0.3 s per shape (HF
+# BERT depth 2: 2.31 s -> 1.54 s to compile), for ~20% less time drawing the bits
 def _key(seed):
-    return jax.random.key(seed.astype(jnp.uint64) if hasattr(seed, "astype") else seed, impl=IMPL)
+    return jax.random.key(seed.astype(jnp.uint64) if hasattr(seed, "astype") else seed, impl=PRNG_IMPL)
 
 
 def _meta(sig, i=0):
