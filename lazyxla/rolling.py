@@ -11,10 +11,10 @@ How a loop is found (every step checks; any doubt leaves the graph as it is):
 
 | step | rule |
 |---|---|
-| carries | nodes alike in what uses them (a hash over their users, ``_ROUNDS`` deep, leaves by shape and dtype; a user with more than ``_WIDE`` operands alike at every position) that form a chain, each depending on the one before: values handed from one iteration to the next (``h_k``). The largest such class, earliest first. |
-| template | iteration 0: every node that depends on ``h_0`` and not on ``h_1``, with ``h_1`` (in post-order: the roles), and the leaf-only ops they read (a weight's transpose: computed inside the body from the stacked leaves). |
+| carries | nodes alike in what uses them (a hash over their users, ``_ROUNDS`` deep, leaves by shape and dtype; a user with more than ``_WIDE`` operands alike at every position) that form a chain, each depending on the one before: values handed from one iteration to the next (``h_k``). The largest such class, earliest first; all its members, then every other one (a pre-norm layer's two norms look alike to that depth, half a layer apart). |
+| template | iteration 0: every node that depends on ``h_0`` and not on ``h_1``, with ``h_1`` (in post-order: the roles), and the leaf-only ops they read (a weight's transpose: computed inside the body from the stacked leaves), unless iteration 1 has no leaf-only op in its place (the embedding the first layer reads): then it is read from outside. |
 | iterations | from ``h_k``, each role is found among the users of its operands' counterparts: same signature, same operand positions, operands the carry, a role of the same iteration, a role of the iteration before (one more carry, the same in every iteration) or a value that does not depend on the loop (same shapes and dtypes). Until one role has no counterpart; then iterations before the first, each from its output (``h_0``) back through operands. |
-| cut | the roles at which the loop could be cut instead, fewest values crossing from one iteration to the next first (``_cuts``, counted on two copies of the template); up to ``_CANDIDATES`` are built and the loop with the most iterations, then the fewest carries, is taken: a layer's boundary, where only the hidden state crosses. |
+| cut | the roles at which the loop could be cut instead, as few values crossing from one iteration to the next as now or fewer, fewest first (``_cuts``, counted on two copies of the template; a leaf-only op crosses nothing); up to ``_CANDIDATES`` are built and the loop with the most iterations, then the fewest carries, is taken: a layer's boundary, where only the hidden state crosses (a cut inside a layer where one value crosses too leaves half a layer unrolled at each end). |
 | inputs | a value outside the loop that an iteration reads: the same node in every iteration is one input; other nodes, one row each of a stacked input (a layer's weights; an earlier loop's rows are taken as that loop's stacked output, and a loop that reads them last row first runs from its last row). |
 | outputs | a role whose value is used outside the loop (by later nodes or as a root) is stacked; the rows replace the copies' values. |
 | worth it | at least ``MIN_ITERATIONS`` iterations (``LAZYXLA_ROLL_MIN``), a template with ``MIN_BODY`` ops or more. |
@@ -192,16 +192,21 @@ def _find_loop(g, taken):
     why = None
     for cls in g.classes():
         members = [i for i in cls if id(post[i]) not in taken]
-        if len(members) < MIN_ITERATIONS:
-            continue
-        if not _reaches(g, members[0], members[1]) or not _reaches(g, members[-2], members[-1]):
-            continue
-        f = _carry_depth(g, members)
-        if f is None:
-            continue
-        cand, text = _build(g, members, f, taken)
-        if cand is None:
+        cand = None
+        # every member, then every other one: a class can hold two nodes of each layer that
+        # look alike to some depth (a pre-norm layer's two norms), a half layer apart
+        for anchors in (members, members[::2]):
+            if len(anchors) < MIN_ITERATIONS or not _reaches(g, anchors[0], anchors[1]) \
+                    or not _reaches(g, anchors[-2], anchors[-1]):
+                continue
+            f = _carry_depth(g, anchors)
+            if f is None:
+                continue
+            cand, text = _build(g, anchors, f, taken)
+            if cand is not None:
+                break
             why = why or text
+        if cand is None:
             continue
         base = cand
         for x in _cuts(base)[:_CANDIDATES]:
@@ -223,8 +228,10 @@ def _find_loop(g, taken):
 def _cuts(c):
     """The roles at which a candidate could be cut instead, fewest crossing values first: a role
     on the chain (the next iteration's copy depends on it), counted on two iterations of the
-    template (what a copy reads that neither depends on it nor is it; the iteration before
-    the two reads as negative nodes)."""
+    template (what a copy reads that neither depends on it nor is it, nor is a role that reads
+    nothing an iteration hands on; the iteration before the two reads as negative nodes). Cuts
+    with as many crossing values as the candidate's own are kept: another may hold one more
+    iteration."""
     n = len(c.template)
     reads = [[] for _ in range(2 * n)]  # node (iteration * n + role) -> the nodes it reads
     for j, ds in enumerate(c.desc):
@@ -241,6 +248,10 @@ def _cuts(c):
                     reads[n + j].append(link[0])
                     reads[j].append(-1 - link[0])
     order = sorted(range(2 * n), key=lambda v: (v >= n, c.template[v % n]))  # topological
+    free = set()  # roles that read nothing an iteration hands on (a weight's transpose): no crossing value
+    for v in order[:n]:
+        if all(r >= 0 and r in free for r in reads[v]):
+            free.add(v)
     best = []
     for x in range(n):
         dep = {x}
@@ -254,13 +265,16 @@ def _cuts(c):
             if v >= n and v != n + x and any(r in dep2 for r in reads[v]):
                 dep2.add(v)
         part = (dep - dep2 - {x}) | {n + x}
-        crossing = {r for v in part for r in reads[v] if r not in part and r != x}
+        crossing = {r for v in part for r in reads[v] if r not in part and r != x and r % n not in free}
         best.append((len(crossing), x))
     best.sort()
-    return [x for k, x in best if k < sum(v is not None for v in c.links.values())]
+    carries = sum(v is not None for v in c.links.values())
+    return [x for k, x in best if k <= carries and x != c.out_role]
 
 
-def _build(g, anchors, f, taken):
+def _build(g, anchors, f, taken, kept=frozenset()):
+    """A candidate from its anchors (each iteration's carry), or None and why. ``kept``: leaf-only
+    ops read from outside rather than computed in the body."""
     post, pos = g.post, g.pos
     a0, a1 = anchors[0], anchors[1]
     template = [i for i, k in enumerate(f) if (k == 0 and i != a0) or i == a1]
@@ -280,7 +294,7 @@ def _build(g, anchors, f, taken):
     for i in template:
         for o, _ in post[i].operands:
             q = pos[id(o)]
-            if (q not in inside and q not in hang and o.data is None and o.operands and id(o) not in taken
+            if (q not in inside and q not in hang and q not in kept and o.data is None and o.operands and id(o) not in taken
                     and all(x.data is not None or id(x) in taken or _leaf_view(x) for x, _ in o.operands)):
                 hang.add(q)
     template = sorted(inside | hang)
@@ -310,8 +324,13 @@ def _build(g, anchors, f, taken):
     used = set(template)
     links = {}  # (role, operand) read from outside by iteration 0: None, or the role whose previous value it reads
     while True:
-        it = _extend(g, template, desc, carry, f, taken, used, iters[-1], links, lazy)
+        it, failed = _extend(g, template, desc, carry, f, taken, used, iters[-1], links, lazy)
         if it is None:
+            # a leaf-only op that only iteration 0 reads (the embedding before the first
+            # layer): its counterpart is no leaf-only op; read it from outside instead
+            wrong = {template[d[1]] for d in desc[failed] if d[0] == "role" and d[1] in lazy}
+            if len(iters) == 1 and wrong:
+                return _build(g, anchors, f, taken, kept | wrong)
             break
         iters.append(it)
         used.update(it)
@@ -476,8 +495,8 @@ def _same_input(o, oi, d):
 
 
 def _extend(g, template, desc, carry, f, taken, used, prev, links, lazy):
-    """The next iteration's nodes, role by role, from its carry (a position); None if a role
-    has no counterpart. ``prev``: the previous iteration's nodes; ``links``: what each value
+    """The next iteration's nodes, role by role, from its carry (a position), and None; or None and
+    the first role with no counterpart. ``prev``: the previous iteration's nodes; ``links``: what each value
     iteration 0 reads from outside is in the later ones (a value from outside, or a role's
     value in the iteration before: one more carry), set by the first call, held to after."""
     m = _Match(g, template, desc, f, taken, used, lazy, links, carry, prev)
@@ -485,10 +504,10 @@ def _extend(g, template, desc, carry, f, taken, used, prev, links, lazy):
         if j in lazy or m.found[j] is not None:
             continue
         if m.among_users(j) is None:
-            return None
+            return None, j
     if None in m.found:
-        return None
-    return m.found
+        return None, m.found.index(None)
+    return m.found, None
 
 
 def _prepend(g, template, desc, out_role, first, carry, links, taken, used, f, lazy):

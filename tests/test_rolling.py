@@ -2,6 +2,7 @@
 Python loop over alike modules trains to eager's values with its forward and backward passes
 each compiled as one loop; random ops get each iteration's own numbers; value checks inside
 a rolled body still name the op and the line; layers that differ are left unrolled."""
+import jax
 import pytest
 import torch
 
@@ -71,7 +72,15 @@ def test_loop_of_alike_layers_rolls_and_trains_as_eager(roll_small):
     met.clear_counters()
     dev = lazyxla.device()
     lazy.to(dev)
-    got = _train(lazy, x, 3, dev)
+    xla_compiles = []  # every XLA program compiled while the lazy model trains, lazyxla's or not
+    on = [True]
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, secs, **kw: on[0] and name == "/jax/core/compile/backend_compile_duration"
+        and xla_compiles.append(secs))
+    try:
+        got = _train(lazy, x, 3, dev)
+    finally:
+        on[0] = False
     want = _train(ref, x, 3)
     assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
     for a, b in zip(ref.parameters(), lazy.parameters()):
@@ -80,6 +89,7 @@ def test_loop_of_alike_layers_rolls_and_trains_as_eager(roll_small):
     assert met.counter_value("RolledLoops") == 2
     assert met.counter_value("RolledIterations") >= 10
     assert met.counter_value("UncachedCompile") == 1
+    assert len(xla_compiles) == 1  # the program's workspace starts without a program of its own
     assert sum(r.startswith("rolled at") for r in rolling.last_report) == 2
 
 
@@ -230,9 +240,10 @@ def test_hf_gpt2_rolls_every_layer_and_trains_as_unrolled(roll_small, monkeypatc
     rolled, n, report = run(True)
     unrolled, none, _ = run(False)
     assert rolled == pytest.approx(unrolled, rel=1e-5)
-    # every layer in a loop, forward and backward (without dropout, the backward loop holds 4 of
-    # the 5 layers: its cut is in a layer, and the last layer's half stays unrolled)
-    assert n == (10 if pdrop else 9), report
+    # every layer in a loop, forward and backward: each loop cut at a layer's boundary (without
+    # dropout, the first cut found is in a layer, with one value crossing as at the boundary;
+    # the boundary holds one more iteration)
+    assert n == 10, report
     assert none is None
 
 
@@ -291,3 +302,43 @@ def test_rows_of_loop_stacks_are_stacked_in_any_order_as_eager_stacks_them():
             np.testing.assert_array_equal(np.asarray(program.stack_rows(values)), np.asarray(jnp.stack(values)))
     finally:
         program._trace = was
+
+
+def _hf(name, depth):
+    transformers = pytest.importorskip("transformers")
+    if name == "llama":  # a pre-norm layer: two norms alike to some depth, half a layer apart
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=64, hidden_size=32, num_hidden_layers=depth, num_attention_heads=2, num_key_value_heads=2,
+            intermediate_size=64, max_position_embeddings=16))
+    return transformers.BertForMaskedLM(transformers.BertConfig(  # a post-norm layer, and dropout
+        vocab_size=64, hidden_size=32, num_hidden_layers=depth, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=16))
+
+
+@pytest.mark.parametrize("name", ["llama", "bert"])
+def test_hf_llama_and_bert_roll_every_layer_at_its_boundary(roll_small, monkeypatch, name):
+    def run(roll):
+        monkeypatch.setattr(rolling, "ENABLED", roll)
+        computation_cache().clear()
+        torch.manual_seed(0)
+        dev = lazyxla.device()
+        model = _hf(name, 5).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ids = torch.randint(0, 64, (2, 16)).to(dev)
+        lazyxla.manual_seed(3)
+        met.clear_counters()
+        losses = []
+        for _ in range(2):
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            lazyxla.sync()
+            losses.append(loss.item())
+        return losses, met.counter_value("RolledIterations"), list(rolling.last_report)
+
+    rolled, n, report = run(True)
+    unrolled, _, _ = run(False)
+    assert rolled == pytest.approx(unrolled, rel=1e-5)
+    assert n == 10, report  # forward and backward: all 5 layers each, none left unrolled at an end
+    assert all(" 1 carries" in line for line in report if line.startswith("rolled")), report
