@@ -211,34 +211,40 @@ def test_a_shallow_model_is_not_rolled_when_asked(monkeypatch):
     assert met.counter_value("RolledLoops") is None
 
 
+def _train_hf(build, roll, monkeypatch, steps):
+    """Losses of ``steps`` AdamW steps of the HF model ``build()`` makes, rolled or not, the
+    iterations rolled and the last compile's rolling report."""
+    monkeypatch.setattr(rolling, "ENABLED", roll)
+    computation_cache().clear()
+    torch.manual_seed(0)
+    dev = lazyxla.device()
+    model = build().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 64, (2, 16)).to(dev)
+    lazyxla.manual_seed(3)
+    met.clear_counters()
+    losses = []
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        lazyxla.sync()
+        losses.append(loss.item())
+    return losses, met.counter_value("RolledIterations"), list(rolling.last_report)
+
+
 @pytest.mark.parametrize("pdrop", [0.1, 0.0])
 def test_hf_gpt2_rolls_every_layer_and_trains_as_unrolled(roll_small, monkeypatch, pdrop):
     transformers = pytest.importorskip("transformers")
 
-    def run(roll):
-        monkeypatch.setattr(rolling, "ENABLED", roll)
-        computation_cache().clear()
-        torch.manual_seed(0)
-        cfg = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=5, n_head=2,
-                                      resid_pdrop=pdrop, embd_pdrop=pdrop, attn_pdrop=pdrop)
-        dev = lazyxla.device()
-        model = transformers.GPT2LMHeadModel(cfg).to(dev)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        ids = torch.randint(0, 64, (2, 16)).to(dev)
-        lazyxla.manual_seed(3)
-        met.clear_counters()
-        losses = []
-        for _ in range(3):
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            lazyxla.sync()
-            losses.append(loss.item())
-        return losses, met.counter_value("RolledIterations"), list(rolling.last_report)
+    def build():
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=64, n_positions=16, n_embd=32, n_layer=5, n_head=2,
+            resid_pdrop=pdrop, embd_pdrop=pdrop, attn_pdrop=pdrop))
 
-    rolled, n, report = run(True)
-    unrolled, none, _ = run(False)
+    rolled, n, report = _train_hf(build, True, monkeypatch, 3)
+    unrolled, none, _ = _train_hf(build, False, monkeypatch, 3)
     assert rolled == pytest.approx(unrolled, rel=1e-5)
     # every layer in a loop, forward and backward: each loop cut at a layer's boundary (without
     # dropout, the first cut found is in a layer, with one value crossing as at the boundary;
@@ -317,28 +323,8 @@ def _hf(name, depth):
 
 @pytest.mark.parametrize("name", ["llama", "bert"])
 def test_hf_llama_and_bert_roll_every_layer_at_its_boundary(roll_small, monkeypatch, name):
-    def run(roll):
-        monkeypatch.setattr(rolling, "ENABLED", roll)
-        computation_cache().clear()
-        torch.manual_seed(0)
-        dev = lazyxla.device()
-        model = _hf(name, 5).to(dev)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        ids = torch.randint(0, 64, (2, 16)).to(dev)
-        lazyxla.manual_seed(3)
-        met.clear_counters()
-        losses = []
-        for _ in range(2):
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            lazyxla.sync()
-            losses.append(loss.item())
-        return losses, met.counter_value("RolledIterations"), list(rolling.last_report)
-
-    rolled, n, report = run(True)
-    unrolled, _, _ = run(False)
+    rolled, n, report = _train_hf(lambda: _hf(name, 5), True, monkeypatch, 2)
+    unrolled, _, _ = _train_hf(lambda: _hf(name, 5), False, monkeypatch, 2)
     assert rolled == pytest.approx(unrolled, rel=1e-5)
     assert n == 10, report  # forward and backward: all 5 layers each, none left unrolled at an end
     assert all(" 1 carries" in line for line in report if line.startswith("rolled")), report
