@@ -147,17 +147,11 @@ def _libc_trim():
 
 
 _TRIM = _libc_trim() if sys.platform.startswith("linux") else None
-_COLLECT_AFTER_NS = 2 * 10**9
-
-
-def _give_back_freed_memory(compile_ns):
+def _give_back_freed_memory():
     """Return the heap the compile used and freed to the system (glibc keeps it otherwise), so
     the program's buffers reuse those pages instead of adding to them: ResNet-18's training
-    step peaked at 1225 MB resident, 1104 MB with the trim, 1039 MB with the trace's cycles
-    collected first. Collecting costs up to a second in a large heap: only after a compile
-    that took longer (``_COLLECT_AFTER_NS``)."""
-    if compile_ns > _COLLECT_AFTER_NS:
-        gc.collect()
+    step peaked at 1225 MB resident, 1104 MB with the trim. (A full cycle collection after it,
+    as before, finds nothing to free now and cost 50-130 ms in a model's heap.)"""
     if _TRIM is not None:
         _TRIM(0)
 
@@ -167,7 +161,7 @@ def _no_cycle_collection():
     """Python's cycle collector paused: a compile allocates ~10^5 small objects (IR indexes, JAX's
     tracers), each batch of which set off a pass over every object of a heap that holds torch,
     JAX and the user's model (rolling HF Llama's 32 layers: 300 ms, 190 without; whatever
-    cycles the compile leaves are collected after it, ``_give_back_freed_memory``)."""
+    cycles the compile leaves, the collector finds when it runs next)."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -197,7 +191,7 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
         raise ExecutionError(describe_failure("compile", key_hex, graph, e)) from e
     t3 = metrics.now_ns()
     del traced, lowered
-    _give_back_freed_memory(t3 - t0)
+    _give_back_freed_memory()
     mesh = _per_process_mesh()
     if mesh is not None:
         compiled = ProcessProgram(compiled, mesh)
