@@ -209,7 +209,9 @@ def _find_loop(g, taken):
         if cand is None:
             continue
         base = cand
-        for x in _cuts(base)[:_CANDIDATES]:
+        for k, x in _cuts(base)[:_CANDIDATES]:
+            if cand is not base and len(cand.iters) >= len(base.iters) and k > -cand.score()[1]:
+                break  # the rest cross more values than one found as long: more carries
             anchors = [it[x] for it in base.iters]
             f2 = _carry_depth(g, anchors)
             if f2 is None:
@@ -226,7 +228,7 @@ def _find_loop(g, taken):
 
 
 def _cuts(c):
-    """The roles at which a candidate could be cut instead, fewest crossing values first: a role
+    """The roles at which a candidate could be cut instead, (crossing values, role), fewest first: a role
     on the chain (the next iteration's copy depends on it), counted on two iterations of the
     template (what a copy reads that neither depends on it nor is it, nor is a role that reads
     nothing an iteration hands on; the iteration before the two reads as negative nodes). Cuts
@@ -269,7 +271,7 @@ def _cuts(c):
         best.append((len(crossing), x))
     best.sort()
     carries = sum(v is not None for v in c.links.values())
-    return [x for k, x in best if k <= carries and x != c.out_role]
+    return [(k, x) for k, x in best if k <= carries and x != c.out_role]
 
 
 def _build(g, anchors, f, taken, kept=frozenset()):
