@@ -189,11 +189,35 @@ def note_row(array, stack, k):
         _trace.rows[id(array)] = (array, stack, k)
 
 
+class Row:
+    """Row ``k`` of a loop's stack, not sliced yet: ``stack_rows`` and ``row_run`` take it as
+    that row and slice it only where a value is needed (a loop reading another's stack whole
+    slices nothing)."""
+
+    __slots__ = ("stack", "k")
+
+    def __init__(self, stack, k):
+        self.stack, self.k = stack, k
+
+    def value(self):
+        v = jax.lax.index_in_dim(self.stack, self.k, 0, keepdims=False)
+        note_row(v, self.stack, self.k)
+        return v
+
+
+def _value(v):
+    return v.value() if type(v) is Row else v
+
+
 def _row_info(values):
-    """Per value: (stack, row) when it is a row of a loop's stack (``note_row``), else None."""
+    """Per value: (stack, row) when it is a row of a loop's stack (a ``Row``, or ``note_row``),
+    else None."""
     rows = _trace.rows if _trace is not None else {}
     info = []
     for v in values:
+        if type(v) is Row:
+            info.append((v.stack, v.k))
+            continue
         r = rows.get(id(v))
         info.append((r[1], r[2]) if r is not None and r[0] is v else None)
     return info
@@ -212,19 +236,19 @@ _PERIODS = 32  # the most stacks whose rows one run interleaves (a BERT layer ha
 
 
 def stack_rows(values):
-    """``jnp.stack(values)``, reading runs of rows of stacks as slices of them: rows of one stack
+    """``jnp.stack(values)`` (a value may be a ``Row``), reading runs of rows of stacks as slices of them: rows of one stack
     in order (or reversed), or of ``p`` stacks taken in turn (a group of parameters in a model's
     order: each layer's q, k, v and o weights, each role a stack of the loop), interleaved in
     one kernel."""
     info = _row_info(values)
     if all(x is None for x in info):
-        return jnp.stack(values)
+        return jnp.stack([_value(v) for v in values])
     parts, i = [], 0
     while i < len(values):
         m, p = (0, 1) if info[i] is None else \
             max(((_periods(info, i, p), p) for p in range(1, _PERIODS + 1)), key=lambda mp: (mp[0] * mp[1], -mp[1]))
         if m < 2:
-            parts.append(values[i][None])
+            parts.append(_value(values[i])[None])
             i += 1
             continue
         cols = []

@@ -33,12 +33,22 @@ class _Rows:
     def __getitem__(self, i):
         v = self.cache.get(i)
         if v is None:
-            s = self.stacks[i]
-            if s is None:
-                raise KeyError(f"output {i} of a rolled node is not kept")
-            v = self.cache[i] = jax.lax.index_in_dim(s, self.k, 0, keepdims=False)
-            program.note_row(v, s, self.k)
+            v = self.cache[i] = self.row(i).value()
         return v
+
+    def row(self, i):
+        """Output ``i`` as a ``program.Row``: not sliced until a value is needed."""
+        s = self.stacks[i]
+        if s is None:
+            raise KeyError(f"output {i} of a rolled node is not kept")
+        return program.Row(s, self.k)
+
+
+def _row(env, node, i):
+    """Output ``i`` of ``node`` for stacking: a ``program.Row`` of an earlier loop's stack
+    (sliced only if needed), or the value."""
+    v = env[id(node)]
+    return v.row(i) if type(v) is _Rows and i not in v.cache else v[i]
 
 
 def _run(body, carry0, xs, n, reverse, n_ws):
@@ -90,7 +100,7 @@ def lower_loop(loop, env):
     shared, rows, xs, carried, nexts = {}, {}, [], {}, []
     # an earlier loop's stacks read last row first (a backward pass reading its forward pass's
     # values): the loop runs from its last row (``reverse``), so no stack is flipped
-    runs = {s: program.row_run([env[id(n)][i] for n, i in v])
+    runs = {s: program.row_run([_row(env, n, i) for n, i in v])
             for s, (kind, v, *_) in enumerate(loop.slots) if kind == "rows"}
     reverse = any(r is not None for r in runs.values()) and all(r is None or r[1] == -1 for r in runs.values())
     for s, (kind, v, *rest) in enumerate(loop.slots):
@@ -106,9 +116,9 @@ def lower_loop(loop, env):
             rows[s] = len(xs)
             if reverse:
                 r = runs[s]
-                xs.append(r[0] if r is not None else program.stack_rows([env[id(n)][i] for n, i in v[::-1]]))
+                xs.append(r[0] if r is not None else program.stack_rows([_row(env, n, i) for n, i in v[::-1]]))
             else:
-                xs.append(program.stack_rows([env[id(n)][i] for n, i in v]))
+                xs.append(program.stack_rows([_row(env, n, i) for n, i in v]))
     types = [(a.dtype, a.shape) for a in carry0]
     found = []  # the checks reported inside the body: (op, where, text, kind)
 
