@@ -26,7 +26,6 @@ import gc
 import sys
 
 import jax
-import numpy as np
 
 from . import metrics, rolling
 from .config import env_int
@@ -34,7 +33,7 @@ from .execution import ExecutionError
 from .ir import fmt_where
 from .jax_internals import tupled_parameters
 from .lowering import build_program
-from .xla import jnp_dtype, process_mesh, spmd
+from .xla import jnp_dtype, process_mesh, spmd, zeros
 
 WRAP_THRESHOLD = env_int("XLA_PARAMETER_WRAPPING_THREADSHOLD", 3200)
 
@@ -89,8 +88,8 @@ class WorkspaceCall:
 
     def __call__(self, *arrays):
         ws, self.ws = self.ws, None  # donated: a failed run starts the next from new buffers
-        if ws is None:  # host zeros put on the device: jnp.zeros compiled a program per shape (~25 ms each)
-            ws = [jax.device_put(np.zeros(s.shape, s.dtype)) for s in self.specs]
+        if ws is None:
+            ws = [zeros(s.shape, s.dtype) for s in self.specs]
         outs = self.compiled(*arrays, *ws)
         n, k = self.n_roots, len(self.specs)
         self.ws = list(outs[n:n + k])
@@ -147,18 +146,20 @@ def _libc_trim():
 
 
 _TRIM = _libc_trim() if sys.platform.startswith("linux") else None
+
+
 def _give_back_freed_memory():
     """Return the heap the compile used and freed to the system (glibc keeps it otherwise), so
     the program's buffers reuse those pages instead of adding to them: ResNet-18's training
-    step peaked at 1225 MB resident, 1104 MB with the trim. (A full cycle collection after it,
-    as before, finds nothing to free now and cost 50-130 ms in a model's heap.)"""
+    step peaked at 1225 MB resident, 1104 MB with the trim (a full cycle collection after it
+    found nothing more to free and cost 50-130 ms)."""
     if _TRIM is not None:
         _TRIM(0)
 
 
 @contextlib.contextmanager
 def _no_cycle_collection():
-    """Python's cycle collector paused: a compile allocates ~10^5 small objects (IR indexes, JAX's
+    """Python's cycle collector paused while a program compiles (``compile_graph``): a compile allocates ~10^5 small objects (IR indexes, JAX's
     tracers), each batch of which set off a pass over every object of a heap that holds torch,
     JAX and the user's model (rolling HF Llama's 32 layers: 300 ms, 190 without; whatever
     cycles the compile leaves, the collector finds when it runs next)."""
@@ -171,16 +172,16 @@ def _no_cycle_collection():
             gc.enable()
 
 
+@_no_cycle_collection()
 def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
     """The compiled program (a ``jax.stages.Compiled``, or a ``ProcessProgram`` around one in a
     job of several processes), what compiling it cost (ns), and its value checks (one more
     output when there are any: ``lowering.program``)."""
     t0 = metrics.now_ns()
-    with _no_cycle_collection():
-        fn, args, body, ws = _function(graph, name)  # rolls the graph's layers (``CompileRollTime``)
+    fn, args, body, ws = _function(graph, name)  # rolls the graph's layers (``CompileRollTime``)
     tf = metrics.now_ns()
     try:
-        with tupled_parameters(wrap_allowed and len(args) >= WRAP_THRESHOLD), _no_cycle_collection():
+        with tupled_parameters(wrap_allowed and len(args) >= WRAP_THRESHOLD):
             donate = tuple(donors) + tuple(range(len(args) - len(ws), len(args)))
             traced = jax.jit(fn, donate_argnums=donate).trace(*args)  # lazyxla's lowerings run here
             t1 = metrics.now_ns()

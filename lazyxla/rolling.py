@@ -210,7 +210,7 @@ def _find_loop(g, taken):
             continue
         base = cand
         for k, x in _cuts(base)[:_CANDIDATES]:
-            if cand is not base and len(cand.iters) >= len(base.iters) and k > -cand.score()[1]:
+            if cand is not base and len(cand.iters) >= len(base.iters) and k > cand.carries:
                 break  # the rest cross more values than one found as long: more carries
             anchors = [it[x] for it in base.iters]
             f2 = _carry_depth(g, anchors)
@@ -270,8 +270,7 @@ def _cuts(c):
         crossing = {r for v in part for r in reads[v] if r not in part and r != x and r % n not in free}
         best.append((len(crossing), x))
     best.sort()
-    carries = sum(v is not None for v in c.links.values())
-    return [(k, x) for k, x in best if k <= carries and x != c.out_role]
+    return [(k, x) for k, x in best if k <= c.carries and x != c.out_role]
 
 
 def _build(g, anchors, f, taken, kept=frozenset()):
@@ -365,9 +364,13 @@ class _Cand:
         self.template, self.desc, self.iters, self.links = template, desc, iters, links
         self.out_role, self.a0, self.where = out_role, a0, where
 
+    @property
+    def carries(self):
+        """Values handed on besides the carry: what iteration 0 reads of the iteration before."""
+        return sum(v is not None for v in self.links.values())
+
     def score(self):
-        carries = sum(v is not None for v in self.links.values())
-        return (len(self.iters), -carries, -sum(d[0] == "out" for ds in self.desc for d in ds))
+        return (len(self.iters), -self.carries, -sum(d[0] == "out" for ds in self.desc for d in ds))
 
 
 def _finish(g, c):

@@ -188,6 +188,12 @@ def leading(array, shape):
     return jax.lax.slice(array, (0,) * len(shape), tuple(shape))
 
 
+def zeros(shape, dtype):
+    """Device zeros of a JAX dtype, put where new device data goes, without compiling anything
+    (``jnp.zeros`` compiles a small program per shape: ~25 ms each)."""
+    return jax.device_put(np.zeros(shape, dtype), placement())
+
+
 def scalar_array(value, dtype: torch.dtype):
     """A 0-dim device array holding a Python scalar."""
     with metrics.timed("TransferToDeviceTime"):
