@@ -159,8 +159,8 @@ def _give_back_freed_memory():
 
 @contextlib.contextmanager
 def _no_cycle_collection():
-    """Python's cycle collector paused while a program compiles (``compile_graph``): a compile allocates ~10^5 small objects (IR indexes, JAX's
-    tracers), each batch of which set off a pass over every object of a heap that holds torch,
+    """Python's cycle collector paused while a program compiles (``compile_graph``): a compile
+    allocates ~10^5 small objects (IR indexes, JAX's tracers), each batch of which set off a pass over every object of a heap that holds torch,
     JAX and the user's model (rolling HF Llama's 32 layers: 300 ms, 190 without; whatever
     cycles the compile leaves, the collector finds when it runs next)."""
     was = gc.isenabled()
@@ -172,24 +172,24 @@ def _no_cycle_collection():
             gc.enable()
 
 
-@_no_cycle_collection()
 def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
     """The compiled program (a ``jax.stages.Compiled``, or a ``ProcessProgram`` around one in a
     job of several processes), what compiling it cost (ns), and its value checks (one more
     output when there are any: ``lowering.program``)."""
     t0 = metrics.now_ns()
-    fn, args, body, ws = _function(graph, name)  # rolls the graph's layers (``CompileRollTime``)
-    tf = metrics.now_ns()
-    try:
-        with tupled_parameters(wrap_allowed and len(args) >= WRAP_THRESHOLD):
-            donate = tuple(donors) + tuple(range(len(args) - len(ws), len(args)))
-            traced = jax.jit(fn, donate_argnums=donate).trace(*args)  # lazyxla's lowerings run here
-            t1 = metrics.now_ns()
-            lowered = traced.lower()                                  # JAX: the program as MLIR
-            t2 = metrics.now_ns()
-            compiled = lowered.compile()                              # XLA's passes and code generation
-    except Exception as e:
-        raise ExecutionError(describe_failure("compile", key_hex, graph, e)) from e
+    with _no_cycle_collection():
+        fn, args, body, ws = _function(graph, name)  # rolls the graph's layers (``CompileRollTime``)
+        tf = metrics.now_ns()
+        try:
+            with tupled_parameters(wrap_allowed and len(args) >= WRAP_THRESHOLD):
+                donate = tuple(donors) + tuple(range(len(args) - len(ws), len(args)))
+                traced = jax.jit(fn, donate_argnums=donate).trace(*args)  # lazyxla's lowerings run here
+                t1 = metrics.now_ns()
+                lowered = traced.lower()                                  # JAX: the program as MLIR
+                t2 = metrics.now_ns()
+                compiled = lowered.compile()                              # XLA's passes and code generation
+        except Exception as e:
+            raise ExecutionError(describe_failure("compile", key_hex, graph, e)) from e
     t3 = metrics.now_ns()
     del traced, lowered
     _give_back_freed_memory()
