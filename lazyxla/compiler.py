@@ -160,9 +160,10 @@ def _give_back_freed_memory():
 @contextlib.contextmanager
 def _no_cycle_collection():
     """Python's cycle collector paused while a program compiles (``compile_graph``): a compile
-    allocates ~10^5 small objects (IR indexes, JAX's tracers), each batch of which set off a pass over every object of a heap that holds torch,
-    JAX and the user's model (rolling HF Llama's 32 layers: 300 ms, 190 without; whatever
-    cycles the compile leaves, the collector finds when it runs next)."""
+    allocates ~10^5 small objects (IR indexes, JAX's tracers), each batch of which set off a
+    pass over every object of a heap that holds torch, JAX and the user's model (rolling HF
+    Llama's 32 layers: 300 ms, 190 without; whatever cycles the compile leaves, the collector
+    finds when it runs next)."""
     was = gc.isenabled()
     gc.disable()
     try:
