@@ -12,8 +12,12 @@ a step of an optimizer some of whose parameters on the lazy device have no state
   the step (``storage.move_to_step_start``), where they will be in every later step;
 - state the optimizer made when it was built (Adagrad's ``sum``), still one of those factories
   pending at its first step, takes its value as uploaded data then;
-- SGD with momentum (and no dampening) gets zero momentum buffers before its first step, which
-  then runs the steady step's code (``buf * momentum + grad`` is the gradient it would clone).
+- SGD with momentum gets zero momentum buffers before its first step, which then runs the
+  steady step's code: ``buf * momentum + grad * (1 - dampening)``, which without dampening is
+  the gradient the first step would clone. With dampening, that add into the new buffers takes
+  its factor as data holding 1 (``signature.AsData``) where later steps' holds ``1 - dampening``:
+  the same graph, and the first step's buffer is the gradient, as PyTorch's. (Not for a group
+  stepped with the ``fused`` kernel, whose first step is its own flag.)
 
 The first step's graph is then the steady step's graph: one program, found in the cache by the
 second step. Values are unchanged (the same zeros, the same updates). Off where
@@ -32,6 +36,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from . import capture, events, metrics, ops, storage
 from .config import env_flag
 from .host_reads import run_op
+from .signature import AsData
 from .tensor import LazyTensor, reroute
 from .xla import download, process_mesh, spmd
 
@@ -50,6 +55,8 @@ _HOST = {
 
 _settled: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # optimizer -> params counted when settled
 _active = None  # (optimizer, its parameters that had no state) while a first step runs
+_ADD = aten.add_.Tensor  # how SGD adds the gradient into its buffers (``_foreach_add_`` too, one by one)
+_damped: dict = {}  # id of a first step's zero momentum buffer -> the steady step's 1 - dampening
 
 
 def _as_data(func, info, args, kwargs):
@@ -122,15 +129,30 @@ def _pre(opt, args, kwargs):
 
 
 def _zero_momentum(opt, fresh):
-    """SGD with momentum and no dampening: its first step clones the gradient into the buffer,
-    other Python than the steady step's ``buf * momentum + grad``, which on a zero buffer gives
-    the same values. So the buffer starts as zeros (device data, as above) and the first step
-    runs the steady step's code."""
+    """SGD with momentum: its first step clones the gradient into the buffer, other Python than
+    the steady step's ``buf * momentum + grad * (1 - dampening)``. So the buffer starts as zeros
+    (device data, as above) and the first step runs the steady step's code; with dampening, its
+    add into these buffers multiplies the gradient by data holding 1 (``_undamped``)."""
     for g in opt.param_groups:
-        if g["momentum"] != 0 and g["dampening"] == 0:
-            for p in g["params"]:
-                if p in fresh:
-                    opt.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        if g["momentum"] == 0 or (g["dampening"] != 0 and g.get("fused")):
+            continue
+        for p in g["params"]:
+            if p in fresh:
+                buf = opt.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if g["dampening"] != 0:
+                    _damped[id(buf)] = 1 - g["dampening"]
+    if _damped:
+        ops.SPECIAL[_ADD] = _undamped
+        reroute(_ADD)
+
+
+def _undamped(func, info, args, kwargs):
+    """An add into the zero momentum buffers of a first step (``_zero_momentum``), with the
+    steady step's factor ``1 - dampening``: recorded with data holding 1 in its place."""
+    alpha = kwargs.get("alpha")
+    if alpha is not None and _damped.get(id(args[0])) == alpha:
+        kwargs = dict(kwargs, alpha=AsData(1.0))
+    return ops.Record(args, kwargs)
 
 
 def _end():
@@ -140,6 +162,10 @@ def _end():
         for f in _HOST:
             ops.SPECIAL.pop(f, None)
             reroute(f)
+    if _damped:
+        _damped.clear()
+        ops.SPECIAL.pop(_ADD, None)
+        reroute(_ADD)
 
 
 def _post(opt, args, kwargs):

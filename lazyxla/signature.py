@@ -110,8 +110,17 @@ SCALAR_TYPES = (int, float, bool, complex)
 SPECIAL_SCALARS = () if NO_SPECIAL_SCALARS else (0, 1, -1)
 
 
+class AsData(float):
+    """A Python number recorded as device data even where it is 0, 1 or -1, the special
+    scalars a program holds as constants (R1.5): for a number that takes other values in the
+    same place at other calls, so that all of them record one graph (``optimizer_state``: the 1
+    an SGD first step adds its gradient with, where later steps add ``1 - dampening``). It
+    reaches the op only through a special's ``Record``: PyTorch's dispatcher passes plain numbers."""
+    __slots__ = ()
+
+
 def is_special(v) -> bool:
-    return v in SPECIAL_SCALARS
+    return v in SPECIAL_SCALARS and type(v) is not AsData
 
 
 # ---------------------------------------------------------------------------------------
@@ -132,11 +141,11 @@ def _template(a, counter, is_value, sig_scalars, slot_metas):
         counter[0] += 1
         slot_metas.append(TensorMeta.of(a) if is_lazy(a) else TensorMeta(a.shape, a.dtype))
         return s
-    if t in SCALAR_TYPES:
+    if t in SCALAR_TYPES or t is AsData:
         if is_value and not is_special(a):
             s = Slot(counter[0])
             counter[0] += 1
-            sig_scalars.append((s.i, t))
+            sig_scalars.append((s.i, float if t is AsData else t))
             slot_metas.append(None)  # a scalar: its dtype is decided below
             return s
         return a

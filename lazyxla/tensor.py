@@ -34,7 +34,7 @@ from .executor import read_values
 from .ir import Node, OpSig, fmt_where, user_frame, user_site
 from .ops import Record, become, decompose, fallback, special_for
 from .errors import LazyXlaError
-from .signature import SCALAR_TYPES, SPECIAL_SCALARS, is_special, new_entry, op_info
+from .signature import SCALAR_TYPES, SPECIAL_SCALARS, AsData, is_special, new_entry, op_info
 from .storage import SCALAR_LEAVES, Storage, TensorState, converted, fresh, scalar_value, storage_offset, upload
 
 aten = torch.ops.aten
@@ -341,6 +341,11 @@ def _key_item(a, is_value, ops, info):
             ops.append(a)
             return ("S", t)
         return (t, a)
+    if t is AsData:  # a number recorded as data whatever its value (a special's ``Record``)
+        if is_value:
+            ops.append(float(a))
+            return ("S", float)
+        return (float, float(a))
     if t is list or t is tuple:
         return (t,) + tuple(_key_item(x, is_value, ops, info) for x in a)
     if isinstance(a, torch.Tensor):
