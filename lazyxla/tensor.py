@@ -35,7 +35,7 @@ from .ir import Node, OpSig, fmt_where, user_frame, user_site
 from .ops import Record, become, decompose, fallback, special_for
 from .errors import LazyXlaError
 from .signature import SCALAR_TYPES, SPECIAL_SCALARS, AsData, is_special, new_entry, op_info
-from .storage import SCALAR_LEAVES, Storage, TensorState, converted, fresh, scalar_value, storage_offset, upload
+from .storage import SCALAR_LEAVES, TensorState, converted, fresh, scalar_value, storage_offset, upload
 
 aten = torch.ops.aten
 _now = metrics.now_ns
