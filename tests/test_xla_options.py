@@ -1,0 +1,63 @@
+"""XLA options chosen by what a program holds (``compiler.OPTION_RULES``): a convolution
+network's program compiles with XLA:CPU's loop emitters, other programs with XLA's defaults,
+and a user's ``XLA_FLAGS`` setting the option wins. Values are eager's either way."""
+import jax
+import pytest
+import torch
+from torch import nn
+
+import lazyxla
+
+DEV = lazyxla.device()
+pytestmark = pytest.mark.usefixtures("nothing_pending")
+OFF = {"xla_cpu_use_fusion_emitters": False}
+
+
+@pytest.fixture
+def passed(monkeypatch):
+    """The options each XLA compile of the test was given."""
+    seen = []
+    compile_ = jax.stages.Lowered.compile
+
+    def spy(self, compiler_options=None, **kw):
+        seen.append(dict(compiler_options or {}))
+        return compile_(self, compiler_options, **kw)
+    monkeypatch.setattr(jax.stages.Lowered, "compile", spy)
+    return seen
+
+
+def _step(model, x, dev):
+    torch.manual_seed(0)
+    m = model().to(dev)
+    loss = m(x.to(dev)).square().mean()
+    loss.backward()
+    return loss.item(), [p.grad.cpu() for p in m.parameters()]
+
+
+def _convnet():
+    return nn.Sequential(nn.Conv2d(3, 5, 3, padding=1), nn.BatchNorm2d(5), nn.ReLU(), nn.Conv2d(5, 2, 1))
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(7, 9), nn.ReLU(), nn.Linear(9, 2))
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the rule is XLA:CPU's")
+def test_a_convolution_program_compiles_with_the_loop_emitters_and_others_with_xlas_defaults(passed):
+    x = torch.randn(2, 3, 6, 7)
+    got, want = _step(_convnet, x, DEV), _step(_convnet, x, "cpu")
+    assert passed and all(o == OFF for o in passed)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    passed.clear()
+    x = torch.randn(4, 7)
+    got, want = _step(_mlp, x, DEV), _step(_mlp, x, "cpu")
+    assert passed and all(o == {} for o in passed)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_users_xla_flags_win(passed, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=true")
+    x = torch.randn(2, 3, 5, 9)
+    got, want = _step(_convnet, x, DEV), _step(_convnet, x, "cpu")
+    assert passed and all(o == {} for o in passed)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
