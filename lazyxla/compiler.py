@@ -29,12 +29,12 @@ import sys
 import jax
 
 from . import metrics, rolling
-from .config import env_int, env_str
+from .config import env_int
 from .execution import ExecutionError
 from .ir import fmt_where
 from .jax_internals import tupled_parameters
 from .lowering import build_program
-from .xla import jax_device, jnp_dtype, process_mesh, spmd, zeros
+from .xla import compile_environment, jnp_dtype, process_mesh, spmd, zeros
 
 WRAP_THRESHOLD = env_int("XLA_PARAMETER_WRAPPING_THREADSHOLD", 3200)
 
@@ -53,18 +53,15 @@ OPTION_RULES = (
 
 
 def xla_options(graph) -> dict:
-    """The XLA options ``OPTION_RULES`` give this graph's program (an empty dict: XLA's own)."""
-    platform, flags = jax_device().platform, env_str("XLA_FLAGS")
-    held = None
-    out = {}
-    for ops, on, options, _ in OPTION_RULES:
-        if on != platform or any(f"--{k}" in flags for k in options):
-            continue
-        if held is None:
-            held = {n.sig.op for n in graph.post}
-        if not held.isdisjoint(ops):
-            out.update(options)
-    return out
+    """The XLA options ``OPTION_RULES`` give this graph's program (an empty dict: XLA's own).
+    The platform and ``XLA_FLAGS`` are the compile environment's, read once, as XLA reads them."""
+    env = compile_environment()
+    rules = [(ops, options) for ops, on, options, _ in OPTION_RULES
+             if on == env["platform"] and not any(f"--{k}=" in env["XLA_FLAGS"] for k in options)]
+    if not rules:
+        return {}
+    held = {n.sig.op for n in graph.post}
+    return {k: v for ops, options in rules if not held.isdisjoint(ops) for k, v in options.items()}
 
 
 def specs(graph) -> list:
