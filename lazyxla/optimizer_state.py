@@ -16,8 +16,9 @@ a step of an optimizer some of whose parameters on the lazy device have no state
   steady step's code: ``buf * momentum + grad * (1 - dampening)``, which without dampening is
   the gradient the first step would clone. With dampening, that add into the new buffers takes
   its factor as data holding 1 (``signature.AsData``) where later steps' holds ``1 - dampening``:
-  the same graph, and the first step's buffer is the gradient, as PyTorch's. (Not for a group
-  stepped with the ``fused`` kernel, whose first step is its own flag.)
+  the same graph, and the first step's buffer is the gradient, as PyTorch's. A group stepped
+  with the ``fused`` kernel gets the same zero buffers; its kernel's record
+  (``optimizer_sgd``) asks ``undamped_first`` which of them take the factor 1.
 
 The first step's graph is then the steady step's graph: one program, found in the cache by the
 second step. Values are unchanged (the same zeros, the same updates). Off where
@@ -134,7 +135,7 @@ def _zero_momentum(opt, fresh):
     (device data, as above) and the first step runs the steady step's code; with dampening, its
     add into these buffers multiplies the gradient by data holding 1 (``_undamped``)."""
     for g in opt.param_groups:
-        if g["momentum"] == 0 or (g["dampening"] != 0 and g.get("fused")):
+        if g["momentum"] == 0:
             continue
         for p in g["params"]:
             if p in fresh:
@@ -144,6 +145,12 @@ def _zero_momentum(opt, fresh):
     if _damped:
         ops.SPECIAL[_ADD] = _undamped
         reroute(_ADD)
+
+
+def undamped_first(buf) -> bool:
+    """Whether ``buf`` is a first step's zero momentum buffer whose group has dampening: its
+    add of the gradient takes the factor 1, not ``1 - dampening``."""
+    return id(buf) in _damped
 
 
 def _undamped(func, info, args, kwargs):

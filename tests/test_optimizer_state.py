@@ -21,10 +21,12 @@ pytestmark = pytest.mark.usefixtures("nothing_pending")
     (lambda p: torch.optim.SGD(p, lr=1e-1, momentum=0.9, nesterov=True, weight_decay=0.01, foreach=False), 21),
     (lambda p: torch.optim.SGD(p, lr=1e-1, momentum=0.9, dampening=0.1), 27),  # later steps damp, the first not
     (lambda p: torch.optim.SGD(p, lr=1e-1, momentum=0.8, dampening=0.5, weight_decay=0.01, foreach=True), 29),
+    (lambda p: torch.optim.SGD(p, lr=1e-1, momentum=0.9, fused=True), 33),  # one fused node, first step too
+    (lambda p: torch.optim.SGD(p, lr=1e-1, momentum=0.9, dampening=0.3, weight_decay=0.01, fused=True), 35),
     (lambda p: torch.optim.NAdam(p, lr=1e-2), 23),  # the first step's scalars: two of them equal
     (lambda p: torch.optim.RAdam(p, lr=1e-2), 25),
 ], ids=["adamw", "adam-loop", "adamax", "rmsprop", "adagrad", "sgd-momentum", "sgd-nesterov-loop", "sgd-dampening",
-                                "sgd-dampening-foreach", "nadam", "radam"])
+                                "sgd-dampening-foreach", "sgd-fused", "sgd-fused-dampening", "nadam", "radam"])
 def test_the_first_steps_compile_one_program_and_train_like_eager(make, width):
     before, made = cnt("UncachedCompile"), cnt("OptimizerStateAsData")
     got, compiles, model, _ = train(make, width)

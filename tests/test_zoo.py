@@ -10,10 +10,6 @@ scheduler changes the learning rate every step.
 from __future__ import annotations
 
 import copy
-import gc
-import inspect
-import os
-import sys
 import warnings
 
 import pytest
@@ -386,11 +382,16 @@ def test_gpt_generation_loop_with_growing_context_is_correct():
     lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.01, fused=True),
     lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.1, amsgrad=True, fused=True),
     lambda ps: torch.optim.AdamW(ps, lr=1e-2, maximize=True, fused=True),
-], ids=["adamw", "adam-amsgrad", "adamw-maximize"])
-def test_fused_adam_steps_on_the_device_like_eager_and_a_scheduled_lr_does_not_recompile(make):
-    """fused=True (transformers' default optimizer): one node per step for every parameter, no
-    CPU fallback, eager's numbers; the learning rate a scheduler changes every step is an
-    operand, not a constant of the program."""
+    lambda ps: torch.optim.SGD(ps, lr=1e-1, momentum=0.9, nesterov=True, weight_decay=0.1, fused=True),
+    lambda ps: torch.optim.SGD(ps, lr=1e-1, momentum=0.5, dampening=0.2, maximize=True, fused=True),
+    lambda ps: torch.optim.SGD(ps, lr=1e-1, fused=True),
+    lambda ps: torch.optim.SGD(ps, lr=torch.tensor(0.1), momentum=0.9, fused=True),  # a CPU tensor lr
+], ids=["adamw", "adam-amsgrad", "adamw-maximize", "sgd-nesterov", "sgd-dampening-maximize", "sgd-plain",
+        "sgd-tensor-lr"])
+def test_fused_optimizers_step_on_the_device_like_eager_and_a_scheduled_lr_does_not_recompile(make):
+    """fused=True (transformers' default optimizer is fused AdamW): one node per step for
+    every parameter, no CPU fallback, eager's numbers; the learning rate a scheduler changes
+    every step is an operand, not a constant of the program."""
     torch.manual_seed(0)
     ref = [nn.Parameter(torch.randn(5, 3)), nn.Parameter(torch.randn(7))]
     lz = [nn.Parameter(p.detach().clone().to(DEV)) for p in ref]
@@ -411,11 +412,15 @@ def test_fused_adam_steps_on_the_device_like_eager_and_a_scheduled_lr_does_not_r
     assert compiles[2:] == [compiles[2]] * 4, compiles
 
 
-def test_fused_adamw_under_a_grad_scaler_skips_the_inf_step_like_eager():
+@pytest.mark.parametrize("make", [
+    lambda ps: torch.optim.AdamW(ps, lr=0.1, fused=True),
+    lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, fused=True),
+], ids=["adamw", "sgd-momentum"])
+def test_fused_optimizers_under_a_grad_scaler_skip_the_inf_step_like_eager(make):
     def run(device):
         torch.manual_seed(0)
         m = nn.Linear(3, 1).to(device)
-        opt = torch.optim.AdamW(m.parameters(), lr=0.1, fused=True)
+        opt = make(m.parameters())
         scaler = torch.amp.GradScaler("cpu" if device == "cpu" else "lazyxla", init_scale=2.0 ** 8)
         seen = []
         for bad in (False, True, False):

@@ -1,5 +1,6 @@
-"""PyTorch's fused Adam and AdamW steps (``torch.optim.Adam/AdamW(fused=True)``, transformers'
-default optimizer) as one JAX function over every parameter of the step.
+"""PyTorch's fused optimizer steps (``torch.optim.Adam/AdamW(fused=True)``, transformers'
+default optimizer, and ``SGD(fused=True)``: ``lower_fused_sgd``) as one JAX function over every
+parameter of the step.
 
 ``_fused_adam_`` and ``_fused_adamw_`` update whole lists of parameters and their state in
 place and have no PyTorch decomposition (on the CPU, each step would read every parameter to
@@ -137,3 +138,46 @@ def _param_step(weight_decay, eps, decoupled, checked):
         return new_p if not checked else jnp.where(rest[0], new_p, p)
 
     return jax.jit(one)
+
+
+def lower_fused_sgd(sig, *xs, n, weight_decay, momentum, nesterov, maximize, first, scaled, checked):
+    """``torch.optim.SGD(fused=True)``'s step. ``xs``: the ``n`` params, their ``n`` gradients,
+    [their ``n`` momentum buffers: with momentum, after the first step], lr, the factor the
+    gradient enters the buffer with (``1 - dampening``; 1 for a first step's zero buffers),
+    [grad_scale], [found_inf]. Returns the new params, [the new buffers], [the unscaled grads].
+
+    Per parameter, PyTorch's CPU kernel: the gradient divided by ``grad_scale`` (and written
+    back), negated under ``maximize``, plus ``param * weight_decay``; the buffer becomes the
+    gradient (``first``) or ``buf * momentum + grad * factor``; the step is the buffer, or
+    under ``nesterov`` the gradient plus ``buf * momentum``; ``param - lr * step``. Half types
+    compute in float32; where ``found_inf`` is set nothing changes."""
+    it = iter(xs)
+    params = [next(it) for _ in range(n)]
+    grads = [next(it) for _ in range(n)]
+    bufs = [next(it) for _ in range(n)] if momentum != 0 and not first else [None] * n
+    lr, factor = next(it), next(it)
+    scale = next(it) if scaled else None
+    keep = (next(it) == 0).reshape(()) if checked else None
+    new_p, new_b, unscaled = [], [], []
+    for p, g, b in zip(params, grads, bufs):
+        dt = p.dtype
+        ct = jnp.float32 if dt in (jnp.bfloat16, jnp.float16) else dt
+        g = g.astype(ct)
+        if scaled:
+            g = g / scale.reshape(()).astype(ct)
+            unscaled.append(g.astype(dt))
+        d = -g if maximize else g
+        if weight_decay != 0:
+            d = d + p.astype(ct) * jnp.asarray(weight_decay, ct)
+        if momentum != 0:
+            mom = jnp.asarray(momentum, ct)
+            buf = d if first else b.astype(ct) * mom + d * factor.reshape(()).astype(ct)
+            d = d + buf * mom if nesterov else buf
+            new_b.append(buf.astype(dt))
+        new_p.append((p.astype(ct) - lr.reshape(()).astype(ct) * d).astype(dt))
+    if checked:
+        new_p = [jnp.where(keep, x, o) for x, o in zip(new_p, params)]
+        if momentum != 0:
+            new_b = [jnp.where(keep, x, o) for x, o in zip(new_b, bufs if not first else grads)]
+        unscaled = [jnp.where(keep, x, o) for x, o in zip(unscaled, grads)]
+    return tuple(new_p) + tuple(new_b) + tuple(unscaled)
