@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import gc as _gc
 
-from . import host_memory as _host_memory
-_host_memory.install()  # first: the buffers made from here on are returned when freed
 from . import autocast as _autocast
 from . import closures as _closures
 from . import data, debug, events as _events, experimental, hf, progress  # noqa: F401  (public submodules)
