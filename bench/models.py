@@ -10,12 +10,15 @@ Three models, each variant in a new process (eager's OpenMP threads passive):
 Dropout is off in both HF models, so every variant's loss can be compared with eager's.
 
 Variants: ``eager`` (PyTorch on the CPU), ``lazy`` (lazyxla, ``sync()`` per step), ``replay``
-(``lazyxla.compile(step, replay=True)``, AdamW built ``capturable``), ``inductor`` (``torch.compile``). Per row: the first
+(``lazyxla.compile(step, replay=True)``, AdamW built ``capturable``), ``inductor`` (``torch.compile``),
+``floor`` (eager's step in a process that has also imported lazyxla and run one small program on
+its device: the memory any variant running XLA in the process starts from, JAX's libraries and
+compiler included, before lazyxla holds a byte of the model). Per row: the first
 step's seconds (compiles included), a steady step's ms (``--steps`` steps after two of
 warm-up, timed together: a lazy step's tracing overlaps the previous step's program), the peak resident memory (MB, ``ru_maxrss``) and the loss after the run, which
 must match eager's. Ratios are against eager in the same run.
 
-Usage: python bench/models.py [--models gpt2,resnet18,bert] [--variants eager,lazy,replay,inductor]
+Usage: python bench/models.py [--models gpt2,resnet18,bert] [--variants eager,lazy,replay,inductor,floor]
        [--steps 10]
 """
 from __future__ import annotations
@@ -90,6 +93,10 @@ def job(model_name, variant, steps):
 
     model, loss_of, (x, y) = make(model_name)
     dev = torch.device("cpu")
+    if variant == "floor":
+        import lazyxla
+        z = torch.ones(64, 64, device=lazyxla.device())
+        float((z @ z.T).tanh().sum())   # one program compiled and run: XLA's compiler loaded
     if variant in ("lazy", "replay"):
         import lazyxla
         dev = lazyxla.device()
