@@ -142,7 +142,7 @@ def job(model_name, variant, steps):
         import lazyxla.debug.metrics as met
         out["compiles"] = met.counter_value("UncachedCompile") or 0
         out["reads"] = met.counter_value("aten::_local_scalar_dense") or 0  # the steps' own, before the loss's
-    out["loss"] = float(loss)
+    out["loss"] = float(loss.detach())
     out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(out))
 
