@@ -30,6 +30,7 @@ from . import optimizer_fused as _optimizer_fused
 from . import optimizer_counts as _optimizer_counts
 from . import optimizer_stacks as _optimizer_stacks
 from . import optimizer_sgd as _optimizer_sgd
+from . import running_stats as _running_stats
 from . import hf_masks as _hf_masks
 from .closures import add_step_closure
 from .compiled_step import compile, step  # noqa: A004 - torch_xla's names; torch.compile is another thing
@@ -51,6 +52,7 @@ _optimizer_fused.install()
 _optimizer_counts.install()
 _optimizer_stacks.install()
 _optimizer_sgd.install()
+_running_stats.install()
 _hf_masks.install()
 debug.install()
 _events.subscribe(_closures.StepClosures())

@@ -26,7 +26,7 @@ import torch
 from . import lowering, metrics
 from .device import BACKEND, DEVICE, is_lazy
 from .executor import read_values
-from .ir import fmt_where, user_frame
+from .ir import Node, OpSig, Slot, fmt_where, user_frame, user_site
 from .errors import LazyXlaError
 from .signature import check_writable, describe, flat_tensors
 from .storage import converted, upload
@@ -162,6 +162,22 @@ def foreach(func, info, args, kwargs):
         kws = [kwargs] * n
     res = [single(*[a[i] if p else a for a, p in zip(args, per)], **kws[i]) for i in range(n)]
     return None if name.endswith("_") else res
+
+
+_NODE_SIGS: dict = {}
+
+
+def one_node(op: str, lower, values, kw: tuple, metas: tuple) -> Node:
+    """A special op recorded as one node of its own signature: ``op`` (``aten::<name>``) lowered
+    by ``lower(sig, *values, **dict(kw))`` with outputs ``metas``; the signature is made once per
+    operand metas and settings, and the call counted as ``xla::<name>``; the node's line is the
+    first frame out of lazyxla and torch."""
+    k = (op, metas, tuple(v[0].sig.outs[v[1]] for v in values), kw)
+    sig = _NODE_SIGS.get(k)
+    if sig is None:
+        sig = _NODE_SIGS[k] = OpSig(op, None, lower, (tuple(Slot(i) for i in range(len(values))), kw), metas)
+    metrics.counter_inc("xla::" + op.split("::")[-1])
+    return Node(sig, tuple(values), user_site(2))
 
 
 SPECIAL = {

@@ -28,14 +28,12 @@ from __future__ import annotations
 
 import torch
 
-from . import lowering, metrics, ops, optimizer_state
-from .ir import Node, OpSig, Slot, user_site
+from . import lowering, ops, optimizer_state
 from .storage import scalar_value
 from .tensor import LazyTensor, reroute
 
 aten = torch.ops.aten
 _FUSED = (aten._fused_sgd_.default, aten._fused_sgd_.tensor_lr)
-_SIGS: dict = {}
 
 
 def record(func, info, args, kwargs):
@@ -76,13 +74,7 @@ def _record(info, a, params, grads, bufs, damp):
     kw = (("n", len(params)), ("weight_decay", float(a["weight_decay"])), ("momentum", momentum),
           ("nesterov", bool(a["nesterov"])), ("maximize", bool(a["maximize"])), ("first", first),
           ("scaled", scale is not None), ("checked", inf is not None))
-    k = (info.name, metas, tuple(v[0].sig.outs[v[1]] for v in values), kw)
-    sig = _SIGS.get(k)
-    if sig is None:
-        sig = _SIGS[k] = OpSig("aten::_fused_sgd_", None, lowering.lower_fused_sgd,
-                               (tuple(Slot(i) for i in range(len(values))), kw), metas)
-    metrics.counter_inc("xla::_fused_sgd_")
-    node = Node(sig, tuple(values), user_site(3))
+    node = ops.one_node("aten::_fused_sgd_", lowering.lower_fused_sgd, values, kw, metas)
     for i, w in enumerate(written):
         w._state.write((node, i))
 

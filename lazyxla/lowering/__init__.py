@@ -40,7 +40,8 @@ which never import it.
 Public names, re-exported from ``registry`` and ``program`` (the rest of lazyxla uses
 ``lowering.X``): LOWERINGS, DECOMPOSITIONS, STATIC_ARGS, RANDOM, ZERO_D_AS_VECTOR,
 SHAPE_RULES, OUTPUT_DTYPES, register, shape_rule, get, is_random, functional_of, lower_call, lower_node, build_program,
-lower_convert, lower_view_scatter, lower_sharding, the collectives' lowerings, lower_fused_adam, lower_fused_sgd. May touch: nothing but the registries.
+lower_convert, lower_view_scatter, lower_sharding, the collectives' lowerings, lower_fused_adam, lower_fused_sgd,
+lower_batch_norm_train. May touch: nothing but the registries.
 """
 from __future__ import annotations
 
@@ -60,3 +61,4 @@ from . import special  # noqa: F401
 from . import batch_norm  # noqa: F401  (after PyTorch's table: eval returns empty saved statistics)
 from . import amp  # noqa: F401  (after PyTorch's table, which registry loads: the gradient scaler's ops)
 from .optim import lower_fused_adam, lower_fused_sgd  # noqa: F401  (the fused Adam, AdamW, SGD steps)
+from .batch_norm import lower_batch_norm_train  # noqa: F401  (running_stats' node)

@@ -7,9 +7,10 @@ in float32 for a half-precision input where the CPU keeps the input's dtype
 (``layer_norm.stats_dtype``). Wrapped here, lazyxla returns what eager returns.
 
 ``native_batch_norm_backward`` has a lowering of its own: its decomposition traced about twenty
-ops per call, every step (a ResNet-18 step: 20 of them, a fifth of the step's host time). The
-forward (which writes the running statistics in place) stays decomposed. Touches the
-decomposition table and the registry.
+ops per call, every step (a ResNet-18 step: 20 of them, a fifth of the step's host time). So
+has the training forward with running statistics (``lower_batch_norm_train``, recorded by
+``running_stats``: one node that also gives the new running statistics); the other forms stay
+decomposed. Touches the decomposition table and the registry.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from ..xla import jnp_dtype
 from .layer_norm import stats_dtype
 from .nn_helpers import _f, _masked, _s
 from .registry import DECOMPOSITIONS, register
@@ -80,3 +82,34 @@ def native_batch_norm_backward(sig, grad, x, weight, running_mean, running_var, 
         return ((grad - along) - (grad_sum / n).reshape(per_channel)) * scale.reshape(per_channel)
 
     return _masked(sig, tuple(output_mask), [d_input, lambda: grad_dot * invstd, lambda: grad_sum])
+
+
+def lower_batch_norm_train(sig, x, *rest, has_weight, has_bias, eps):
+    """Training batch norm over channel dimension 1 (``running_stats``' node): the output, the
+    saved mean and inverse std (the CPU kernel's dtypes, ``sig.outs``), and the new running mean
+    and variance: ``momentum * batch + (1 - momentum) * running``, the variance unbiased.
+    ``rest``: [weight], [bias], running mean, running variance, momentum (data, the running
+    statistics' dtype). Computed in float32 for half-precision inputs, as the CPU does."""
+    it = iter(rest)
+    weight = next(it) if has_weight else None
+    bias = next(it) if has_bias else None
+    running_mean, running_var, momentum = next(it), next(it), next(it)
+    xf = _f(x)
+    axes = tuple(i for i in range(x.ndim) if i != 1)
+    per_channel = [1] * x.ndim
+    per_channel[1] = x.shape[1]
+    n = x.size // x.shape[1]
+    mean = jnp.mean(xf, axes)
+    centered = xf - mean.reshape(per_channel)
+    var = jnp.mean(centered * centered, axes)
+    invstd = lax.rsqrt(var + _s(eps, var))
+    out = centered * invstd.reshape(per_channel)
+    if weight is not None:
+        out = out * _f(weight).reshape(per_channel)
+    if bias is not None:
+        out = out + _f(bias).reshape(per_channel)
+    stats = jnp_dtype(sig.outs[1].dtype)
+    keep = 1 - momentum
+    new_mean = momentum * mean.astype(running_mean.dtype) + keep * running_mean
+    new_var = momentum * (var * _s(n / (n - 1), var)).astype(running_var.dtype) + keep * running_var
+    return out.astype(x.dtype), mean.astype(stats), invstd.astype(stats), new_mean, new_var
