@@ -167,16 +167,23 @@ def foreach(func, info, args, kwargs):
 _NODE_SIGS: dict = {}
 
 
-def one_node(op: str, lower, values, kw: tuple, metas: tuple) -> Node:
-    """A special op recorded as one node of its own signature: ``op`` (``aten::<name>``) lowered
-    by ``lower(sig, *values, **dict(kw))`` with outputs ``metas``; the signature is made once per
-    operand metas and settings, and the call counted as ``xla::<name>``; the node's line is the
-    first frame out of lazyxla and torch."""
-    k = (op, metas, tuple(v[0].sig.outs[v[1]] for v in values), kw)
+def bound(info, args, kwargs) -> dict:
+    """A special op's arguments by their schema names."""
+    a = dict(zip(info.arg_names, args))
+    a.update(kwargs)
+    return a
+
+
+def one_node(info, lower, values, kw: tuple, metas: tuple) -> Node:
+    """A special op's call recorded as one node of its own signature: ``info``'s op lowered by
+    ``lower(sig, *values, **dict(kw))`` with outputs ``metas``; the signature made once per
+    operand metas and settings, the call counted (``info.counter``), the node's line the first
+    frame out of lazyxla and torch."""
+    k = (info.name, metas, tuple(v[0].sig.outs[v[1]] for v in values), kw)
     sig = _NODE_SIGS.get(k)
     if sig is None:
-        sig = _NODE_SIGS[k] = OpSig(op, None, lower, (tuple(Slot(i) for i in range(len(values))), kw), metas)
-    metrics.counter_inc("xla::" + op.split("::")[-1])
+        sig = _NODE_SIGS[k] = OpSig(info.name, None, lower, (tuple(Slot(i) for i in range(len(values))), kw), metas)
+    metrics.counter_inc(info.counter)
     return Node(sig, tuple(values), user_site(2))
 
 

@@ -39,8 +39,7 @@ _FUSED = (aten._fused_sgd_.default, aten._fused_sgd_.tensor_lr)
 def record(func, info, args, kwargs):
     """``_fused_sgd_`` (and its ``tensor_lr`` form): each written tensor given its new value
     from one node (two when some buffers are a first step's zeros and some are not)."""
-    a = dict(zip((x.name for x in func._schema.arguments), args))
-    a.update(kwargs)
+    a = ops.bound(info, args, kwargs)
     params, grads, bufs = list(a["self"]), list(a["grads"]), list(a["momentum_buffer_list"])
     momentum = float(a["momentum"])
     if not params:
@@ -74,7 +73,7 @@ def _record(info, a, params, grads, bufs, damp):
     kw = (("n", len(params)), ("weight_decay", float(a["weight_decay"])), ("momentum", momentum),
           ("nesterov", bool(a["nesterov"])), ("maximize", bool(a["maximize"])), ("first", first),
           ("scaled", scale is not None), ("checked", inf is not None))
-    node = ops.one_node("aten::_fused_sgd_", lowering.lower_fused_sgd, values, kw, metas)
+    node = ops.one_node(info, lowering.lower_fused_sgd, values, kw, metas)
     for i, w in enumerate(written):
         w._state.write((node, i))
 

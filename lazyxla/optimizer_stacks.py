@@ -43,7 +43,6 @@ import torch
 
 from . import lowering, metrics, ops, storage
 from .config import env_flag
-from .ir import Node, OpSig, Slot, user_site
 from .optimizer_state import host_rewrites_allowed
 from .scan import UNSTACK_OP
 from .storage import scalar_value
@@ -62,7 +61,6 @@ _FUSED = (aten._fused_adam_.default, aten._fused_adam_.tensor_lr, aten._fused_ad
 # a stack's storage -> the view chain of each row, by row (a member is row k while its state
 # has this storage and exactly this chain object)
 _ROWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_SIGS: dict = {}
 
 
 def _groups(params, grads) -> tuple:
@@ -178,8 +176,7 @@ def _moments(lists, groups, gstack, stacking):
 def record(func, info, args, kwargs):
     """``_fused_adam_`` / ``_fused_adamw_`` (and their ``tensor_lr`` forms): one node for the
     whole step, each written tensor (or stack) given its new value from it."""
-    a = dict(zip((x.name for x in func._schema.arguments), args))
-    a.update(kwargs)
+    a = ops.bound(info, args, kwargs)
     params, grads, ms, vs, vmaxs, steps = (list(a[k]) for k in ("self", "grads", "exp_avgs", "exp_avg_sqs",
                                                                   "max_exp_avg_sqs", "state_steps"))
     n = len(params)
@@ -209,13 +206,7 @@ def record(func, info, args, kwargs):
           ("beta1", float(a["beta1"])), ("beta2", float(a["beta2"])), ("weight_decay", float(a["weight_decay"])),
           ("eps", float(a["eps"])), ("amsgrad", amsgrad), ("maximize", bool(a["maximize"])),
           ("decoupled", "adamw" in info.name), ("scaled", scale is not None), ("checked", inf is not None))
-    k = (info.name, metas, tuple(v[0].sig.outs[v[1]] for v in values), kw)
-    sig = _SIGS.get(k)
-    if sig is None:
-        sig = _SIGS[k] = OpSig("aten::" + info.name.split("::")[-1], None, lowering.lower_fused_adam,
-                               (tuple(Slot(i) for i in range(len(values))), kw), metas)
-    metrics.counter_inc("xla::" + info.name.split("::")[-1].split(".")[0])
-    node = Node(sig, tuple(values), user_site(2))
+    node = ops.one_node(info, lowering.lower_fused_adam, values, kw, metas)
     for i, w in enumerate(written):
         if isinstance(w, storage.Storage):
             w.set_ir((node, i))

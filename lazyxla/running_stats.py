@@ -32,8 +32,7 @@ _OP = aten.native_batch_norm.default
 
 def record(func, info, args, kwargs):
     """``native_batch_norm``: one node where the table above says so, else recorded as usual."""
-    a = dict(zip((x.name for x in func._schema.arguments), args))
-    a.update(kwargs)
+    a = ops.bound(info, args, kwargs)
     x, weight, bias, mean, var = (a.get(k) for k in ("input", "weight", "bias", "running_mean", "running_var"))
     lazy = all(isinstance(t, LazyTensor) for t in (x, mean, var)) and \
         all(t is None or isinstance(t, LazyTensor) for t in (weight, bias))
@@ -47,7 +46,7 @@ def record(func, info, args, kwargs):
     metas = (x._state.meta, TensorMeta((c,), sd), TensorMeta((c,), sd),
              mean._state.meta, var._state.meta)
     kw = (("has_weight", weight is not None), ("has_bias", bias is not None), ("eps", float(a["eps"])))
-    node = ops.one_node("aten::native_batch_norm", lowering.lower_batch_norm_train, values, kw, metas)
+    node = ops.one_node(info, lowering.lower_batch_norm_train, values, kw, metas)
     mean._state.write((node, 3))
     var._state.write((node, 4))
     return tuple(fresh((node, i), metas[i]) for i in range(3))

@@ -45,14 +45,15 @@ NO_SPECIAL_SCALARS = env_flag("XLA_NO_SPECIAL_SCALARS", False)
 # ---------------------------------------------------------------------------------------
 # Per-op facts read once from the schema.
 class FuncInfo:
-    __slots__ = ("func", "name", "counter", "value_pos", "value_kw", "kind", "functional", "written",
-                 "view", "random", "overlap")
+    __slots__ = ("func", "name", "counter", "arg_names", "value_pos", "value_kw", "kind", "functional",
+                 "written", "view", "random", "overlap")
 
     def __init__(self, func: OpOverload):
         s = func._schema
         self.func = func
         self.name = s.name + ("." + s.overload_name if s.overload_name else "")
         self.counter = "xla::" + s.name.split("::", 1)[-1]
+        self.arg_names = tuple(a.name for a in s.arguments)
         vp, vk = set(), set()
         written = []
         writes = any(a.alias_info is not None and a.alias_info.is_write for a in s.arguments)
