@@ -29,6 +29,7 @@ from . import optimizer_state as _optimizer_state
 from . import optimizer_fused as _optimizer_fused
 from . import optimizer_counts as _optimizer_counts
 from . import optimizer_stacks as _optimizer_stacks
+from . import param_stacks as _param_stacks
 from . import optimizer_sgd as _optimizer_sgd
 from . import running_stats as _running_stats
 from . import hf_masks as _hf_masks
@@ -51,6 +52,7 @@ _optimizer_state.install()
 _optimizer_fused.install()
 _optimizer_counts.install()
 _optimizer_stacks.install()
+_param_stacks.install()
 _optimizer_sgd.install()
 _running_stats.install()
 _hf_masks.install()

@@ -42,11 +42,25 @@ def _pre(opt, args, kwargs):
     if not params or not all(type(p) is LazyTensor for p in params):
         return
     for g in opt.param_groups:
-        if (g.get("fused") is None and g.get("foreach") is None and not g.get("differentiable")
-                and not isinstance(g.get("lr"), torch.Tensor)
-                and all(p.is_floating_point() and not p.is_complex() for p in g["params"])):
+        if fusable(g):
             g["fused"] = True
             metrics.counter_inc("OptimizerFusedByDefault")
+
+
+def fusable(group) -> bool:
+    """Whether a param group left ``foreach`` and ``fused`` unset and asks nothing the fused
+    kernel lacks (the rule above)."""
+    return (group.get("fused") is None and group.get("foreach") is None and not group.get("differentiable")
+            and not isinstance(group.get("lr"), torch.Tensor)
+            and all(p.is_floating_point() and not p.is_complex() for p in group["params"]))
+
+
+def steps_fused(opt, group) -> bool:
+    """Whether this group of an optimizer on the lazy device will step with the fused kernel:
+    set by the user, or (as far as it can be known before the first step) by this module."""
+    if type(opt) not in KINDS or not all(type(p) is LazyTensor for p in group["params"]):
+        return False
+    return group.get("fused") is True or (ENABLED and fusable(group))
 
 
 def install() -> None:

@@ -10,12 +10,16 @@ three per parameter: the parameter and its two moments. The moments are the opti
 nothing but the step reads them. So the moments of parameters of one shape and dtype (all the
 layers' ``fc1.weight``) live stacked: one buffer ``[L, *shape]`` per moment and shape, each
 parameter's moment a view of its row (``exp_avg[k]``, as ``opt.state`` shows it), updated by
-one stacked kernel, and so are the parameters' updates (the parameters stacked in the program,
-each new one taken back at its row's runtime offset: int32 data, one kernel for every row). The
-gradients of ``scan_layers``' parameters, slices of one stacked gradient (``lazyxla::unstack``),
-enter stacked as they are; separate gradients are stacked in the program.
+one stacked kernel, and so are the parameters' updates: parameters that are themselves the rows
+of one stack (``param_stacks``, made when the optimizer was built) are read and written as that
+stack; others are stacked in the program, each new one taken back at its row's runtime offset
+(int32 data, one kernel for every row). The gradients of ``scan_layers``' parameters, slices of
+one stacked gradient (``lazyxla::unstack``), enter stacked as they are; separate gradients are
+stacked in the program (runs of a rolled loop's rows as slices of its stacks).
 
-The rules, in order, per group of parameters of one shape and dtype (in their list order):
+The groups: the parameters that are every row of one stack, in order; then the parameters whose
+gradients are all the slices of one ``lazyxla::unstack``; then the rest by shape and dtype (in
+their list order). The rules, in order, per group:
 
 | the group                                                      | its moments in the step        |
 |----------------------------------------------------------------|--------------------------------|
@@ -32,22 +36,20 @@ order). No stack is made where ``optimizer_state.host_rewrites_allowed`` says no
 moment keeps its parameter's layout; several processes; a step or a torch.compile region being
 captured: their bindings are the tensors') and with ``LAZYXLA_STACK_MOMENTS=0``.
 
-May touch: the moments it stacks (their states become views of the stack), the arena's
-storages, metrics counters. Records through ``ops``' table (``install``).
+May touch: the moments it stacks (their states become views of the stack: ``stacks``), and
+through the node it records, the parameters, moments and gradients the step writes. Records
+through ``ops``' table (``install``).
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 
-from . import lowering, metrics, ops, storage
+from . import lowering, ops, stacks, storage
 from .config import env_flag
 from .optimizer_state import host_rewrites_allowed
 from .scan import UNSTACK_OP
 from .storage import scalar_value
-from .tensor import LazyTensor, _tensor, reroute
-from .xla import download
+from .tensor import reroute
 
 ENABLED = env_flag("LAZYXLA_STACK_MOMENTS", True)
 # A group of separate gradients is stacked from this many members on: stacking them (and the
@@ -58,23 +60,33 @@ aten = torch.ops.aten
 _FUSED = (aten._fused_adam_.default, aten._fused_adam_.tensor_lr, aten._fused_adamw_.default,
           aten._fused_adamw_.tensor_lr)
 
-# a stack's storage -> the view chain of each row, by row (a member is row k while its state
-# has this storage and exactly this chain object)
-_ROWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
 
 def _groups(params, grads) -> tuple:
-    """(groups, stacked gradient of each or None): the parameters whose gradients are all the
-    slices of one ``lazyxla::unstack`` (``scan_layers``' layers), in slice order, with the
-    stacked gradient; the others grouped by shape and dtype. Groups in their first member's order."""
-    by_u, rest = {}, []
-    for i, g in enumerate(grads):
-        v = g._state.value()
-        if v[0].sig.op == UNSTACK_OP:
-            by_u.setdefault(id(v[0]), (v[0], []))[1].append((v[1], i))
+    """(groups, stacked gradient of each or None): the parameters that are every row of one
+    stack in order (``param_stacks``); the parameters whose gradients are all the slices of one
+    ``lazyxla::unstack`` (``scan_layers``' layers), in slice order, with the stacked gradient;
+    the others grouped by shape and dtype. Groups in their first member's order."""
+    by_s, rest = {}, []
+    for i, p in enumerate(params):
+        r = stacks.row_of(p)
+        if r is not None:
+            by_s.setdefault(id(r[0]), []).append((r[1], i))
         else:
             rest.append(i)
     out = []
+    for got in by_s.values():
+        if [k for k, _ in got] == list(range(len(got))) and stacks.stack_of([params[i] for _, i in got]) is not None:
+            out.append((tuple(i for _, i in got), None))
+        else:
+            rest += [i for _, i in got]
+    by_u, left = {}, []
+    for i in sorted(rest):
+        v = grads[i]._state.value()
+        if v[0].sig.op == UNSTACK_OP:
+            by_u.setdefault(id(v[0]), (v[0], []))[1].append((v[1], i))
+        else:
+            left.append(i)
+    rest = left
     for u, got in by_u.values():
         got.sort()
         if [k for k, _ in got] == list(range(len(u.sig.outs))) and len(got) > 1:
@@ -89,88 +101,34 @@ def _groups(params, grads) -> tuple:
     return tuple(g for g, _ in out), [u for _, u in out]
 
 
-def _stack_of(members):
-    """The storage these tensors are the rows of, in order, or None."""
-    s0 = members[0]._state
-    st = s0.storage
-    rows = _ROWS.get(st)
-    if rows is None or len(rows) != len(members):
-        return None
-    for t, chain in zip(members, rows):
-        s = t._state
-        if s.storage is not st or s.chain is not chain:
-            return None
-    return st
-
-
-def _can_stack(members, aliased) -> bool:
-    m0 = members[0]._state.meta
-    for t in members:
-        s = t._state
-        st = s.storage
-        if (type(t) is not LazyTensor or s.chain is not None or st.data is None or st.sharding is not None
-                or s.meta != m0 or id(st) in aliased):
-            return False
-    return True
-
-
-def _stack(members):
-    """Make the tensors the rows of one new buffer holding their values (read back, stacked on
-    the host, sent as one buffer); returns its storage."""
-    hosts = download([t._state.storage.data for t in members], [t._state.meta.dtype for t in members])
-    whole = _tensor(storage.upload(torch.stack(hosts)))
-    rows = []
-    for t, row in zip(members, aten.unbind.int(whole, 0)):  # one view op for all rows
-        ops.become(t, row)
-        rows.append(t._state.chain)
-    st = whole._state.storage
-    _ROWS[st] = tuple(rows)
-    metrics.counter_inc("MomentsStacked", len(members))
-    return st
-
-
-def _aliased(states_lists) -> set:
-    """Ids of the storages of these tensors that another live tensor shares (an alias a stack
-    would leave behind)."""
-    mine = {id(t._state.storage) for ts in states_lists for t in ts}
-    seen, out = set(), set()
-    for s in storage.live_states():
-        k = id(s.storage)
-        if k in mine:
-            if k in seen:
-                out.add(k)
-            seen.add(k)
-    return out
-
-
 def _moments(lists, groups, gstack, stacking):
     """Apply the rules: the groups as stepped (a group that is not stacked steps its members
     one by one), the stacked gradient of each (or None), and per group the storages of its
     moment stacks, one per list (or None). Makes the stacks the rules allow, all of a group's
     lists or none."""
     aliased = None
-    out_groups, out_grads, stacks = [], [], []
+    out_groups, out_grads, tops = [], [], []
     for ix, gs in zip(groups, gstack):
         got = None
         if len(ix) > 1 and (gs is not None or len(ix) >= MIN_ROWS):
             members = [[ts[i] for i in ix] for ts in lists]
-            got = [_stack_of(m) for m in members]
+            got = [stacks.stack_of(m) for m in members]
             if None in got and stacking:
                 if aliased is None:
-                    aliased = _aliased(lists)
-                if all(st is not None or _can_stack(m, aliased) for st, m in zip(got, members)):
-                    got = [st if st is not None else _stack(m) for st, m in zip(got, members)]
+                    aliased = stacks.aliased(lists)
+                if all(st is not None or stacks.can_stack(m, aliased) for st, m in zip(got, members)):
+                    got = [st if st is not None else stacks.stack(m, "MomentsStacked") for st, m in zip(got, members)]
             if None in got:
                 got = None
         if got is None:
             out_groups += [(i,) for i in ix]
             out_grads += [None] * len(ix)
-            stacks += [None] * len(ix)
+            tops += [None] * len(ix)
         else:
             out_groups.append(ix)
             out_grads.append(gs)
-            stacks.append(got)
-    return tuple(out_groups), out_grads, stacks
+            tops.append(got)
+    return tuple(out_groups), out_grads, tops
 
 
 def record(func, info, args, kwargs):
@@ -186,23 +144,33 @@ def record(func, info, args, kwargs):
     lr = a["lr"]
     lr = scalar_value(float(lr), torch.float32) if not isinstance(lr, torch.Tensor) else lr._state.value()
     lists = [ms, vs] + ([vmaxs] if amsgrad else [])
-    groups, gstack, stacks = _moments(lists, *_groups(params, grads), ENABLED and host_rewrites_allowed())
-    values = [t._state.value() for t in params]
+    groups, gstack, tops = _moments(lists, *_groups(params, grads), ENABLED and host_rewrites_allowed())
+    # a group whose parameters are the rows of one stack in its order (``param_stacks``) reads
+    # and writes that stack whole; any other parameter is read and written on its own
+    pstacks = [stacks.stack_of([params[i] for i in ix]) if len(ix) > 1 and st is not None else None
+               for ix, st in zip(groups, tops)]
+    values, written = [], []  # written: tensors, or the storages of stacks
+    for ix, ps in zip(groups, pstacks):
+        values += [ps.ir] if ps is not None else [params[i]._state.value() for i in ix]
+        written += [ps] if ps is not None else [params[i] for i in ix]
     for ix, gs in zip(groups, gstack):
         values += [gs] if gs is not None else [grads[i]._state.value() for i in ix]
-    written = list(params)  # tensors, or the storages of stacks
     for j, ts in enumerate(lists):
-        for ix, st in zip(groups, stacks):
+        for ix, st in zip(groups, tops):
             moment = [st[j]] if st is not None else [ts[i] for i in ix]
             values += [w.ir if st is not None else w._state.value() for w in moment]
             written += moment
     if scale is not None:
         written += grads
     values += [t._state.value() for t in steps] + [lr] + [t._state.value() for t in (scale, inf) if t is not None]
-    rows = max((len(ix) for ix in groups if len(ix) > 1), default=0)
-    values += [scalar_value(k, torch.int32) for k in range(rows)]  # the rows' offsets, as data
+    # the rows' offsets, as data (one kernel takes every row): for the groups whose parameters
+    # are separate, and for the unscaled gradients
+    rows = max((len(ix) for ix, ps in zip(groups, pstacks) if len(ix) > 1 and (ps is None or scale is not None)),
+               default=0)
+    values += [scalar_value(k, torch.int32) for k in range(rows)]
     metas = tuple(w.meta if isinstance(w, storage.Storage) else w._state.meta for w in written)
     kw = (("n", n), ("groups", groups), ("stacked_grads", tuple(gs is not None for gs in gstack)),
+          ("stacked_params", tuple(ps is not None for ps in pstacks)),
           ("beta1", float(a["beta1"])), ("beta2", float(a["beta2"])), ("weight_decay", float(a["weight_decay"])),
           ("eps", float(a["eps"])), ("amsgrad", amsgrad), ("maximize", bool(a["maximize"])),
           ("decoupled", "adamw" in info.name), ("scaled", scale is not None), ("checked", inf is not None))

@@ -21,7 +21,8 @@ so its ``step()`` would do nothing and the loop would learn nothing, silently. H
 The hook is registered only while an old Parameter lives: a script that makes its optimizer
 after the move pays nothing per step.
 May touch: the optimizers' ``param_groups`` and ``state`` entries of moved parameters, and
-``torch.optim.Optimizer.add_param_group`` (wrapped once, by ``install``).
+``torch.optim.Optimizer.add_param_group`` (wrapped once, by ``install``; it runs ``GROUP_ADDED``
+after each group is added).
 """
 from __future__ import annotations
 
@@ -36,12 +37,15 @@ from .errors import LazyXlaError
 # id(old parameter) -> (weakref to it, weakref to the parameter that replaced it, its name)
 MOVED: dict = {}
 OPTIMIZERS: "weakref.WeakSet" = weakref.WeakSet()  # every optimizer made since install()
+GROUP_ADDED: list = []  # f(optimizer, its new param group), run after each group is added (``param_stacks``)
 _add_param_group = torch.optim.Optimizer.add_param_group
 
 
 def _adding(self, param_group):
     OPTIMIZERS.add(self)
-    return _add_param_group(self, param_group)
+    _add_param_group(self, param_group)
+    for f in GROUP_ADDED:
+        f(self, self.param_groups[-1])
 
 
 def install() -> None:

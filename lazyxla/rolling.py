@@ -15,7 +15,7 @@ How a loop is found (every step checks; any doubt leaves the graph as it is):
 | template | iteration 0: every node that depends on ``h_0`` and not on ``h_1``, with ``h_1`` (in post-order: the roles), and the leaf-only ops they read (a weight's transpose: computed inside the body from the stacked leaves), unless iteration 1 has no leaf-only op in its place (the embedding the first layer reads): then it is read from outside. |
 | iterations | from ``h_k``, each role is found among the users of its operands' counterparts: same signature, same operand positions, operands the carry, a role of the same iteration, a role of the iteration before (one more carry, the same in every iteration) or a value that does not depend on the loop (same shapes and dtypes). Until one role has no counterpart; then iterations before the first, each from its output (``h_0``) back through operands. |
 | cut | the roles at which the loop could be cut instead, as few values crossing from one iteration to the next as now or fewer, fewest first (``_cuts``, counted on two copies of the template; a leaf-only op crosses nothing); up to ``_CANDIDATES`` are built and the loop with the most iterations, then the fewest carries, is taken: a layer's boundary, where only the hidden state crosses (a cut inside a layer where one value crosses too leaves half a layer unrolled at each end). |
-| inputs | a value outside the loop that an iteration reads: the same node in every iteration is one input; other nodes, one row each of a stacked input (a layer's weights; an earlier loop's rows are taken as that loop's stacked output, and a loop that reads them last row first runs from its last row). |
+| inputs | a value outside the loop that an iteration reads: the same node in every iteration is one input; other nodes, one row each of a stacked input (a layer's weights; a weight that is a row of a stack, ``select`` of device data (``param_stacks``), stays outside the body, so the rows are one strided slice of that stack; an earlier loop's rows are taken as that loop's stacked output, and a loop that reads them last row first runs from its last row). |
 | outputs | a role whose value is used outside the loop (by later nodes or as a root) is stacked; the rows replace the copies' values. |
 | worth it | at least ``MIN_ITERATIONS`` iterations (``LAZYXLA_ROLL_MIN``), a template with ``MIN_BODY`` ops or more. |
 
@@ -296,7 +296,7 @@ def _build(g, anchors, f, taken, kept=frozenset()):
         for o, _ in post[i].operands:
             q = pos[id(o)]
             if (q not in inside and q not in hang and q not in kept and o.data is None and o.operands and id(o) not in taken
-                    and all(x.data is not None or id(x) in taken or _leaf_view(x) for x, _ in o.operands)):
+                    and not _stack_row(o) and all(x.data is not None or id(x) in taken or _leaf_view(x) for x, _ in o.operands)):
                 hang.add(q)
     template = sorted(inside | hang)
     role_of = {i: j for j, i in enumerate(template)}
@@ -347,6 +347,14 @@ def _build(g, anchors, f, taken, kept=frozenset()):
         return None, (f"not rolled at {fmt_where(where)}: {len(iters)} alike iterations of {len(template)} ops "
                       f"(fewer than {MIN_ITERATIONS})")
     return _Cand(template, desc, iters, links, out_role, a0, where), None
+
+
+def _stack_row(x):
+    """Whether node ``x`` selects from device data (``select(data, 0, k)``: a parameter kept as
+    a row of a stack, ``param_stacks``). Each iteration's is another row, so it is read from
+    outside as a row of that input, and the loop takes the rows as one slice of the stack
+    (``program.stack_rows``), never as a kernel per row."""
+    return x.sig.op == "aten::select.int" and x.operands[0][0].data is not None
 
 
 def _leaf_view(x):

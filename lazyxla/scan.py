@@ -291,7 +291,10 @@ class _ScanCall(torch.autograd.Function):
 
 
 def _lower_unstack(sig, x, *index):
-    return tuple(jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False) for i in index)
+    out = tuple(jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False) for i in index)
+    for k, v in enumerate(out):  # (the indices hold 0..n-1): a stack of these is x again
+        _program.note_row(v, x, k)
+    return out
 
 
 @functools.lru_cache(maxsize=256)

@@ -286,7 +286,8 @@ def test_a_rolled_program_is_kept_by_the_persistent_cache(tmp_path):
 def test_rows_of_loop_stacks_are_stacked_in_any_order_as_eager_stacks_them():
     """The optimizer's group of alike parameters stacks their gradients in the model's order:
     rows of a loop's stacks, several stacks in turn (each layer's q, k, v, o), forward or
-    reversed, with other values between: taken as slices of the stacks, equal to a stack."""
+    reversed, every d-th row, with other values between: taken as slices of the stacks, equal to
+    a stack."""
     import jax.numpy as jnp
     import numpy as np
     from lazyxla.lowering import program
@@ -303,7 +304,10 @@ def test_rows_of_loop_stacks_are_stacked_in_any_order_as_eager_stacks_them():
                  [row(a, k) for k in range(4, -1, -1)],
                  [x for k in range(5) for x in (row(a, k), row(b, k), row(c, k))],
                  [other] + [x for k in range(4, 0, -1) for x in (row(a, k), row(b, k))] + [other, row(c, 2)],
-                 [row(a, 0), row(b, 3), row(a, 1)]]
+                 [row(a, 0), row(b, 3), row(a, 1)],
+                 # every d-th row of one stack (a layer's parameter among a stack of parameters)
+                 [row(a, k) for k in (0, 2, 4)], [row(a, k) for k in (3, 1)], [other, row(a, 1), row(a, 4), other],
+                 [x for k in (0, 2, 4) for x in (row(a, k), row(b, 4 - k))]]
         for values in cases:
             np.testing.assert_array_equal(np.asarray(program.stack_rows(values)), np.asarray(jnp.stack(values)))
     finally:

@@ -25,24 +25,30 @@ import jax.numpy as jnp
 from .program import stack_rows
 
 
-def lower_fused_adam(sig, *xs, n, groups, stacked_grads, beta1, beta2, weight_decay, eps, amsgrad, maximize,
-                     decoupled, scaled, checked):
-    """``xs``: the ``n`` params; per group (``groups``: positions of same-shaped params), its
-    gradients (one stacked operand where ``stacked_grads`` says so, else one per member); per
-    moment list (exp_avgs, exp_avg_sqs, [max_exp_avg_sqs]), per group, its moments (one stacked
-    ``[L, *shape]`` operand; a group of one parameter: its own); the ``n`` step counts; lr; [grad_scale]; [found_inf]; the rows' offsets (int32 data). Returns the new
-    params, the new moments in the operands' layout, and [the unscaled grads], in that order.
+def lower_fused_adam(sig, *xs, n, groups, stacked_grads, stacked_params, beta1, beta2, weight_decay, eps, amsgrad,
+                     maximize, decoupled, scaled, checked):
+    """``xs``: per group (``groups``: positions of same-shaped params, in the order stepped), its
+    parameters (one ``[L, *shape]`` operand where ``stacked_params`` says so: ``param_stacks``,
+    else one per member); per group its gradients (one stacked operand where ``stacked_grads``
+    says so, else one per member); per moment list (exp_avgs, exp_avg_sqs, [max_exp_avg_sqs]),
+    per group, its moments (one stacked ``[L, *shape]`` operand; a group of one parameter: its
+    own); the ``n`` step counts; lr; [grad_scale]; [found_inf]; the rows' offsets (int32 data).
+    Returns the new params in the operands' layout, the new moments in theirs, and [the
+    unscaled grads], in that order.
 
     A group's moments are updated stacked (one kernel per moment, whatever the number of
-    members), and so are its parameters when they share one step count (stacked in the program,
-    each new one taken at its row's runtime offset: one kernel for every row); otherwise each
-    parameter's update reads its rows. Both are nested ``jax.jit``s of the settings: traced once
-    per shape. A group of one keeps its parameter's shape throughout: read through a reshape
-    (``[1, *shape]``), its moments' arithmetic was fused into the parameter's update as well,
-    which then read the old moments after their donated buffers were overwritten, so XLA kept a
-    copy of every such moment (ResNet-18's program: 153 MB of temporaries, 97 MB without)."""
+    members), and so are its parameters when they share one step count: a stack of them given
+    back whole, or (parameters of their own) stacked in the program, each new one taken at its
+    row's runtime offset (one kernel for every row); otherwise each parameter's update reads
+    its rows. Both are nested ``jax.jit``s of the settings: traced once per shape. A group of
+    one keeps its parameter's shape throughout: read through a reshape (``[1, *shape]``), its
+    moments' arithmetic was fused into the parameter's update as well, which then read the old
+    moments after their donated buffers were overwritten, so XLA kept a copy of every such
+    moment (ResNet-18's program: 153 MB of temporaries, 97 MB without)."""
     it = iter(xs)
-    params = [next(it) for _ in range(n)]
+    params = []  # per group: its stack, or its members
+    for ix, sp in zip(groups, stacked_params):
+        params.append(next(it) if sp else [next(it) for _ in ix])
     grads = []  # per group: [L, *shape], or a group of one's own
     for ix, sg in zip(groups, stacked_grads):
         if sg:
@@ -65,29 +71,30 @@ def lower_fused_adam(sig, *xs, n, groups, stacked_grads, beta1, beta2, weight_de
             bias[id(s)] = (1 - jnp.power(jnp.float32(beta1), step), jnp.sqrt(1 - jnp.power(jnp.float32(beta2), step)))
     stacked = _moments_step(beta1, beta2, weight_decay, maximize, decoupled, scaled, checked, amsgrad)
     one = _param_step(weight_decay, eps, decoupled, checked)
-    new_p = [None] * n
+    new_p = []
     new_moments = [[] for _ in range(nm)]
     unscaled = [None] * n
     for g, ix in enumerate(groups):
-        p_stack = (jnp.stack([params[i] for i in ix]) if len(ix) > 1 else params[ix[0]]) \
-            if weight_decay != 0 and not decoupled else None
-        got = stacked(grads[g], p_stack, *(moments[j][g] for j in range(nm)), *((scale,) if scaled else ()),
+        sp = stacked_params[g]
+        ps = params[g]
+        whole = ps if sp else (jnp.stack(ps) if len(ix) > 1 else ps[0])  # (traced only where read)
+        got = stacked(grads[g], whole if weight_decay != 0 and not decoupled else None,
+                      *(moments[j][g] for j in range(nm)), *((scale,) if scaled else ()),
                       *((keep,) if checked else ()))
         fresh, kept, g_used = got[:nm], got[nm:2 * nm], got[2 * nm]
         for j in range(nm):
             new_moments[j].append(kept[j])
         denom_src = fresh[2] if amsgrad else fresh[1]
-        row = (lambda x, k: x) if len(ix) == 1 else (lambda x, k: jax.lax.dynamic_index_in_dim(x, rows[k], 0, False))
+        row = (lambda x, k: x) if len(ix) == 1 else \
+            (lambda x, k: jax.lax.dynamic_index_in_dim(x, rows[k], 0, False) if k < len(rows) else x[k])
         counts = {id(steps[i]) for i in ix}
         if len(ix) > 1 and len(counts) == 1:  # one count: the members' updates as one stacked kernel
-            p_stack = p_stack if p_stack is not None else jnp.stack([params[i] for i in ix])
-            new_stack = one(p_stack, fresh[0], denom_src, *bias[counts.pop()], lr, *((keep,) if checked else ()))
-            for k, i in enumerate(ix):
-                new_p[i] = row(new_stack, k)
+            new_stack = one(whole, fresh[0], denom_src, *bias[counts.pop()], lr, *((keep,) if checked else ()))
+            new_p += [new_stack] if sp else [row(new_stack, k) for k in range(len(ix))]
         else:
-            for k, i in enumerate(ix):
-                new_p[i] = one(params[i], row(fresh[0], k), row(denom_src, k), *bias[id(steps[i])], lr,
-                               *((keep,) if checked else ()))
+            each = [one(ps[k], row(fresh[0], k), row(denom_src, k), *bias[id(steps[i])], lr,
+                        *((keep,) if checked else ())) for k, i in enumerate(ix)]
+            new_p += [jnp.stack(each)] if sp else each
         if scaled:
             for k, i in enumerate(ix):
                 unscaled[i] = row(g_used, k)

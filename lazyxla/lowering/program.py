@@ -237,9 +237,10 @@ _PERIODS = 32  # the most stacks whose rows one run interleaves (a BERT layer ha
 
 def stack_rows(values):
     """``jnp.stack(values)`` (a value may be a ``Row``), reading runs of rows of stacks as slices of them: rows of one stack
-    in order (or reversed), or of ``p`` stacks taken in turn (a group of parameters in a model's
-    order: each layer's q, k, v and o weights, each role a stack of the loop), interleaved in
-    one kernel."""
+    at a fixed stride (in order, reversed, or every ``d``-th: a layer's parameter among a stack of
+    parameters, ``param_stacks``), or of ``p`` stacks taken in turn (a group of parameters in a
+    model's order: each layer's q, k, v and o weights, each role a stack of the loop),
+    interleaved in one kernel."""
     info = _row_info(values)
     if all(x is None for x in info):
         return jnp.stack([_value(v) for v in values])
@@ -254,23 +255,24 @@ def stack_rows(values):
         cols = []
         for j in range(p):
             st, a = info[i + j]
-            b = info[i + j + (m - 1) * p][1]
+            d = info[i + j + p][1] - a
+            b = a + (m - 1) * d
             lo, hi = min(a, b), max(a, b)
-            col = st if (lo, hi) == (0, st.shape[0] - 1) else st[lo:hi + 1]
-            cols.append(col if b >= a else jnp.flip(col, 0))
+            col = st if (lo, hi, abs(d)) == (0, st.shape[0] - 1, 1) else st[lo:hi + 1:abs(d)]
+            cols.append(col if d > 0 else jnp.flip(col, 0))
         parts.append(cols[0] if p == 1 else jnp.stack(cols, 1).reshape((m * p,) + tuple(cols[0].shape[1:])))
         i += m * p
     return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
 
 
 def _periods(info, i, p):
-    """How many times the ``p`` rows from ``info[i]`` on repeat, each the next (or previous) row
-    of the same stack as ``p`` places before (0: not ``p`` rows there)."""
+    """How many times the ``p`` rows from ``info[i]`` on repeat, each a fixed number of rows on
+    (or back) in the same stack as ``p`` places before (0: not ``p`` rows there)."""
     first = info[i:i + p]
     if len(first) < p or None in first:
         return 0
     second = info[i + p:i + 2 * p]
-    if len(second) < p or any(x is None or x[0] is not f[0] or abs(x[1] - f[1]) != 1 for x, f in zip(second, first)):
+    if len(second) < p or any(x is None or x[0] is not f[0] or x[1] == f[1] for x, f in zip(second, first)):
         return 1
     steps = [x[1] - f[1] for x, f in zip(second, first)]
     m = 2

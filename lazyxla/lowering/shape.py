@@ -16,6 +16,7 @@ import numpy as np
 from jax import lax
 
 from ..xla import jnp_dtype
+from .program import note_row
 from .registry import register
 
 
@@ -79,7 +80,13 @@ def _reshape_like(sig, x, *a):
 @register("select.int", "select_copy.int")
 def _select(sig, x, dim, index):
     d = dim % x.ndim
-    return jnp.take(x, index % x.shape[d] if isinstance(index, int) else index, axis=d)
+    if isinstance(index, int):
+        k = index % x.shape[d]
+        v = jnp.take(x, k, axis=d)
+        if d == 0:  # a row of x (a stacked parameter's): stack_rows takes runs of them as slices of x
+            note_row(v, x, k)
+        return v
+    return jnp.take(x, index, axis=d)
 
 
 def _slice_bounds(n, start, end, step):

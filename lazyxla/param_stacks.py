@@ -1,0 +1,62 @@
+"""A fused Adam/AdamW group's same-shaped parameters kept as the rows of one stack.
+
+The fused step (``optimizer_stacks``) updates a group of same-shaped parameters (all the
+layers' ``fc1.weight``) as one stacked kernel. Parameters of their own were stacked in the
+program and each new one taken back out: one output and one slice kernel per parameter, every
+step. XLA compiles each as a kernel and a buffer of its own; in a model whose layers roll into
+a loop (``rolling``), those per-parameter outputs were most of what still grew with depth (BERT
+with 32 layers: 521 of them; the same layout in plain JAX compiles in 1.69 s against 0.57 s
+with the weights kept stacked: ``bench/scan_layers.py --jax``).
+
+So when such an optimizer gets a param group (``Optimizer.add_param_group``, from its
+constructor: before the first forward pass, so the first step's program is the steady one),
+the group's parameters are grouped as the step groups them and each group made the rows of one
+buffer (``stacks.stack``, counter ``ParamsStacked``):
+
+| rule | |
+|---|---|
+| the optimizer | ``Adam`` or ``AdamW`` whose group will step fused (``optimizer_fused.steps_fused``) |
+| a group | its parameters of one shape and dtype, in the group's order, at least ``optimizer_stacks.MIN_ROWS`` of them (the groups whose moments stack) |
+| each member | requires grad; lazy device data, no view, no sharding, no other tensor sharing its buffer (``stacks.can_stack``) |
+| where | not where ``optimizer_state.host_rewrites_allowed`` says no (SPMD, several processes, a capture) |
+
+Each parameter is then a view of its row: the same ``Parameter`` object, its values unchanged.
+The forward pass reads each as a slice (``select``); a rolled loop reads a layer's rows as one
+strided slice of the stack (``program.stack_rows``); the step reads and writes the stack whole.
+Anything that makes a parameter something else (``.data =``, ``set_``) takes it out: its
+group's step reads its members one by one. ``LAZYXLA_STACK_PARAMS=0`` turns it off.
+
+May touch: the parameters of such groups (they become views of their stack), through ``stacks``.
+"""
+from __future__ import annotations
+
+from . import optimizer_fused, optimizer_stacks, param_moves, stacks
+from .config import env_flag
+from .optimizer_state import host_rewrites_allowed
+
+ENABLED = env_flag("LAZYXLA_STACK_PARAMS", True)
+
+
+def _group_added(opt, group) -> None:
+    if not ENABLED or not optimizer_stacks.ENABLED or not optimizer_fused.steps_fused(opt, group):
+        return
+    if not host_rewrites_allowed():
+        return
+    by = {}
+    for p in group["params"]:
+        if p.requires_grad:  # (a frozen one is not in the step's lists)
+            by.setdefault((tuple(p.shape), p.dtype), []).append(p)
+    aliased = None
+    for members in by.values():
+        if len(members) < max(optimizer_stacks.MIN_ROWS, 2) or stacks.stack_of(members) is not None:
+            continue
+        if aliased is None:
+            aliased = stacks.aliased([group["params"]])
+        if stacks.can_stack(members, aliased):
+            stacks.stack(members, "ParamsStacked")
+
+
+def install() -> None:
+    """Stack the parameters of each new param group (once, by ``import lazyxla``)."""
+    if _group_added not in param_moves.GROUP_ADDED:
+        param_moves.GROUP_ADDED.append(_group_added)

@@ -1,0 +1,206 @@
+"""A fused Adam/AdamW group's alike parameters kept as the rows of one stack (``param_stacks``):
+the same Parameters and eager's values through training and what a user does to them (writes,
+``.data =``, a state dict, a layer left out of a step), one program before the steady state, and
+a rolled model's program whose parameters and outputs do not grow with depth."""
+import re
+
+import pytest
+import torch
+import torch.nn as nn
+
+import lazyxla
+from lazyxla import optimizer_stacks, param_stacks, rolling
+from lazyxla.cache import computation_cache
+from lazyhelp import cnt, last_program_text
+
+DEV = lazyxla.device()
+pytestmark = pytest.mark.usefixtures("nothing_pending")
+
+
+@pytest.fixture(autouse=True)
+def small_groups_stack(monkeypatch):
+    """Four alike layers: their groups are stacked as a deep model's are."""
+    monkeypatch.setattr(optimizer_stacks, "MIN_ROWS", 4)
+
+
+def model_on(dev, depth=4, width=6):
+    torch.manual_seed(0)
+    blocks = [m for _ in range(depth) for m in (nn.Linear(width, width), nn.Tanh())]
+    return nn.Sequential(nn.Linear(3, width), *blocks, nn.Linear(width, 2)).to(dev)
+
+
+X = torch.randn(5, 3, generator=torch.Generator().manual_seed(1))
+
+
+def train(dev, steps=4, between=None, make=lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1), model=None):
+    model = model if model is not None else model_on(dev)
+    opt = make(model.parameters())
+    losses = []
+    for i in range(steps):
+        loss = model(X.to(dev)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if dev != "cpu":
+            lazyxla.sync()
+        losses.append(float(loss.detach()))
+        if between is not None:
+            between(i, model, opt)
+    return losses, model, opt
+
+
+def same(got_losses, got_model, want_losses, want_model):
+    assert got_losses == pytest.approx(want_losses, rel=1e-4, abs=1e-7)
+    for (n, pg), pw in zip(got_model.named_parameters(), want_model.parameters()):
+        torch.testing.assert_close(pg.detach().cpu(), pw.detach(), rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_alike_parameters_become_rows_of_a_stack_and_train_as_eager_in_one_program():
+    want = train("cpu")
+    model = model_on(DEV)
+    params = list(model.parameters())
+    stacked, compiles = cnt("ParamsStacked"), cnt("UncachedCompile")
+    got = train(DEV, model=model)
+    assert cnt("ParamsStacked") - stacked == 9  # the 4 hidden weights, the 5 biases of width 6
+    assert list(got[1].parameters()) == params  # the same Parameter objects
+    assert all(type(p) is nn.Parameter or isinstance(p, nn.Parameter) for p in params)
+    assert cnt("UncachedCompile") - compiles == 1  # one program, the first step's too
+    same(*got[:2], *want[:2])
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.1),  # L2: the step reads the parameters' stack
+    lambda p: torch.optim.AdamW(p, lr=1e-2, amsgrad=True, maximize=True),
+], ids=["adam-l2", "amsgrad-maximize"])
+def test_other_settings_step_the_stack_as_eager(make):
+    before = cnt("ParamsStacked")
+    got = train(DEV, make=make)
+    assert cnt("ParamsStacked") > before
+    same(*got[:2], *train("cpu", make=make)[:2])
+
+
+def test_what_a_user_does_to_stacked_parameters_is_eagers():
+    """A write into one (through a view too), a parameter given another tensor with ``.data =``
+    (out of its stack: its group steps its members one by one), a reload of the model's state
+    dict mid-training."""
+    def poke(i, model, opt):
+        with torch.no_grad():
+            if i == 0:
+                model[3].weight.mul_(0.5)
+                model[5].bias[1:].zero_()
+            if i == 1:
+                model[7].weight.data = torch.full_like(model[7].weight, 0.01)
+            if i == 2:
+                sd = {k: v.cpu() + 0.001 for k, v in model.state_dict().items()}
+                model.load_state_dict(sd)
+
+    want = train("cpu", steps=5, between=poke)
+    got = train(DEV, steps=5, between=poke)
+    same(*got[:2], *want[:2])
+
+
+def test_a_state_dict_saved_to_disk_holds_the_trained_values(tmp_path):
+    losses, model, _ = train(DEV)
+    torch.save(model.state_dict(), tmp_path / "m.pt")
+    cpu = model_on("cpu")
+    cpu.load_state_dict(torch.load(tmp_path / "m.pt"))
+    want_losses, want_model, _ = train("cpu")
+    same(losses, cpu, want_losses, want_model)
+
+
+def test_a_layer_left_out_of_a_step_and_a_frozen_parameter_are_eagers():
+    """A step whose group lacks a member (a layer not used, so no gradient: the fused kernel
+    steps the others) and a frozen parameter (never stacked) give eager's values."""
+    def make_model(dev):
+        m = model_on(dev)
+        m[-1].bias.requires_grad_(False)
+        return m
+
+    def run(dev):
+        model = make_model(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for i in range(4):
+            h = model[0](X.to(dev))
+            for k, layer in enumerate(model[1:-1]):
+                if not (i == 2 and k in (2, 3)):  # the second hidden layer left out once
+                    h = layer(h)
+            model[-1](h).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            if dev != "cpu":
+                lazyxla.sync()
+        return model
+
+    got, want = run(DEV), run("cpu")
+    for pg, pw in zip(got.parameters(), want.parameters()):
+        torch.testing.assert_close(pg.detach().cpu(), pw.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_replayed_steps_after_lazy_ones_update_the_stack_as_eager():
+    want = train("cpu", steps=6)
+    model = model_on(DEV)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, capturable=True)
+    x = X.to(DEV)
+
+    def step(x):
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    for _ in range(2):
+        step(x)
+        lazyxla.sync()
+    replayed = lazyxla.compile(step, replay=True)
+    for _ in range(4):
+        replayed(x)
+    lazyxla.sync()
+    for pg, pw in zip(model.parameters(), want[1].parameters()):
+        torch.testing.assert_close(pg.detach().cpu(), pw.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_off_nothing_is_stacked(monkeypatch):
+    monkeypatch.setattr(param_stacks, "ENABLED", False)
+    before = cnt("ParamsStacked")
+    got = train(DEV)
+    assert cnt("ParamsStacked") == before
+    same(*got[:2], *train("cpu")[:2])
+
+
+class Block(nn.Module):
+    def __init__(self, w=8):
+        super().__init__()
+        self.ln, self.fc1, self.fc2 = nn.LayerNorm(w), nn.Linear(w, 2 * w), nn.Linear(2 * w, w)
+
+    def forward(self, x):
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
+
+
+def _entry_counts(depth, monkeypatch):
+    """(parameters, outputs) of the entry computation of a rolled model's training program."""
+    monkeypatch.setattr(rolling, "MIN_ITERATIONS", 4)
+    monkeypatch.setattr(rolling, "ENABLED", True)
+    computation_cache().clear()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 8), *(Block() for _ in range(depth)), nn.Linear(8, 1)).to(DEV)
+    rolled = cnt("RolledLoops")
+    train(DEV, steps=1, model=model)
+    assert cnt("RolledLoops") - rolled == 2  # the forward pass and the backward pass
+    text = last_program_text()
+    entry = text[text.index("\nENTRY"):]
+    result = entry[:entry.index("{\n")].split(") -> ", 1)[1]  # the entry's result tuple
+    return len(re.findall(r"parameter\(\d+\)", entry)), len(re.findall(r"\w+\[", result))
+
+
+def test_a_rolled_models_program_does_not_grow_with_depth(monkeypatch):
+    """Each layer's parameters are rows of the stacks: the loops read them as slices of the
+    stacks and the step writes each stack whole, so the program has as many parameters and
+    outputs at depth 12 as at depth 6 (each layer's were parameters and outputs of their own)."""
+    p6, o6 = _entry_counts(6, monkeypatch)
+    p12, o12 = _entry_counts(12, monkeypatch)
+    assert (p12, o12) == (p6, o6)
+    monkeypatch.setattr(param_stacks, "ENABLED", False)
+    q6, r6 = _entry_counts(6, monkeypatch)
+    q12, r12 = _entry_counts(12, monkeypatch)
+    assert q12 > q6 and r12 > r6  # (the check can fail: without the stacks both grow)
