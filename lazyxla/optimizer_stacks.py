@@ -23,8 +23,9 @@ their list order). The rules, in order, per group:
 
 | the group                                                      | its moments in the step        |
 |----------------------------------------------------------------|--------------------------------|
-| one parameter; or its gradients are separate tensors and it has | as they are, one by one        |
-| fewer than ``MIN_ROWS`` members (an unrolled model's few layers)|                                |
+| one parameter; or its gradients are separate tensors, it is no  | as they are, one by one        |
+| stack of parameters and it has fewer than ``MIN_ROWS`` members  |                                |
+| (an unrolled model's few layers)                                |                                |
 | its moments are the rows of stacks made here, in order          | the stacks (read and written)  |
 | its moments (of every list) are rows of stacks made here, or    | stacked first where needed     |
 | device data, not views, no sharding, no other tensor's alias    | (read back, sent as one buffer:|
@@ -62,7 +63,7 @@ _FUSED = (aten._fused_adam_.default, aten._fused_adam_.tensor_lr, aten._fused_ad
 
 
 def _groups(params, grads) -> tuple:
-    """(groups, stacked gradient of each or None): the parameters that are every row of one
+    """(groups, stacked gradient of each or None, whether each is a stack of parameters): the parameters that are every row of one
     stack in order (``param_stacks``); the parameters whose gradients are all the slices of one
     ``lazyxla::unstack`` (``scan_layers``' layers), in slice order, with the stacked gradient;
     the others grouped by shape and dtype. Groups in their first member's order."""
@@ -76,7 +77,7 @@ def _groups(params, grads) -> tuple:
     out = []
     for got in by_s.values():
         if [k for k, _ in got] == list(range(len(got))) and stacks.stack_of([params[i] for _, i in got]) is not None:
-            out.append((tuple(i for _, i in got), None))
+            out.append((tuple(i for _, i in got), None, True))
         else:
             rest += [i for _, i in got]
     by_u, left = {}, []
@@ -90,27 +91,27 @@ def _groups(params, grads) -> tuple:
     for u, got in by_u.values():
         got.sort()
         if [k for k, _ in got] == list(range(len(u.sig.outs))) and len(got) > 1:
-            out.append((tuple(i for _, i in got), u.operands[0]))
+            out.append((tuple(i for _, i in got), u.operands[0], False))
         else:
             rest += [i for _, i in got]
     by = {}
     for i in sorted(rest):
         by.setdefault((tuple(params[i].shape), params[i].dtype), []).append(i)
-    out += [(tuple(ix), None) for ix in by.values()]
+    out += [(tuple(ix), None, False) for ix in by.values()]
     out.sort(key=lambda g: g[0][0])
-    return tuple(g for g, _ in out), [u for _, u in out]
+    return tuple(g[0] for g in out), [g[1] for g in out], [g[2] for g in out]
 
 
-def _moments(lists, groups, gstack, stacking):
+def _moments(lists, groups, gstack, whole, stacking):
     """Apply the rules: the groups as stepped (a group that is not stacked steps its members
     one by one), the stacked gradient of each (or None), and per group the storages of its
     moment stacks, one per list (or None). Makes the stacks the rules allow, all of a group's
     lists or none."""
     aliased = None
     out_groups, out_grads, tops = [], [], []
-    for ix, gs in zip(groups, gstack):
+    for ix, gs, w in zip(groups, gstack, whole):
         got = None
-        if len(ix) > 1 and (gs is not None or len(ix) >= MIN_ROWS):
+        if len(ix) > 1 and (gs is not None or w or len(ix) >= MIN_ROWS):
             members = [[ts[i] for i in ix] for ts in lists]
             got = [stacks.stack_of(m) for m in members]
             if None in got and stacking:

@@ -30,6 +30,7 @@ import weakref
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils.weak import WeakIdKeyDictionary
 
 from . import metrics
 from .errors import LazyXlaError
@@ -37,6 +38,7 @@ from .errors import LazyXlaError
 # id(old parameter) -> (weakref to it, weakref to the parameter that replaced it, its name)
 MOVED: dict = {}
 OPTIMIZERS: "weakref.WeakSet" = weakref.WeakSet()  # every optimizer made since install()
+NAMES = WeakIdKeyDictionary()  # a Parameter moved to the lazy device -> its name
 GROUP_ADDED: list = []  # f(optimizer, its new param group), run after each group is added (``param_stacks``)
 _add_param_group = torch.optim.Optimizer.add_param_group
 
@@ -90,6 +92,8 @@ def record(before: dict) -> None:
         except TypeError:
             continue
         MOVED[key] = (ref, weakref.ref(new), qual)
+        if type(new) is LazyTensor:
+            NAMES[new] = qual
     if MOVED and _hook[0] is None:
         _hook[0] = register_optimizer_step_pre_hook(_pre_step)
     for opt in list(OPTIMIZERS):

@@ -1,4 +1,4 @@
-"""A fused Adam/AdamW group's same-shaped parameters kept as the rows of one stack.
+"""A fused Adam/AdamW group's alike layers' parameters kept as the rows of one stack per role.
 
 The fused step (``optimizer_stacks``) updates a group of same-shaped parameters (all the
 layers' ``fc1.weight``) as one stacked kernel. Parameters of their own were stacked in the
@@ -10,45 +10,55 @@ with the weights kept stacked: ``bench/scan_layers.py --jax``).
 
 So when such an optimizer gets a param group (``Optimizer.add_param_group``, from its
 constructor: before the first forward pass, so the first step's program is the steady one),
-the group's parameters are grouped as the step groups them and each group made the rows of one
-buffer (``stacks.stack``, counter ``ParamsStacked``):
+its parameters are grouped by role, and each role's made the rows of one buffer
+(``stacks.stack``, counter ``ParamsStacked``):
 
 | rule | |
 |---|---|
 | the optimizer | ``Adam`` or ``AdamW`` whose group will step fused (``optimizer_fused.steps_fused``) |
-| a group | its parameters of one shape and dtype, in the group's order, at least ``optimizer_stacks.MIN_ROWS`` of them (the groups whose moments stack) |
-| each member | requires grad; lazy device data, no view, no sharding, no other tensor sharing its buffer (``stacks.can_stack``) |
+| a role | the parameters of one shape and dtype whose names (``model.to(device)`` records them: ``param_moves.NAMES``) are alike but for their numbers (``layer.#.attention.query.weight``), in the group's order |
+| stacked | a role of at least ``rolling.MIN_ITERATIONS`` members while layers roll (``rolling.ENABLED``): a model deep enough for its layers to become a loop. In a program that is not rolled each read of a row would be a slice kernel of its own, at its own offset (BERT with 4 layers compiled 0.5 s longer so) |
+| each member | requires grad; lazy device data, no view, no sharding, no other tensor sharing its buffer (``stacks.can_stack``); a parameter with no recorded name (made on the device) is left alone |
 | where | not where ``optimizer_state.host_rewrites_allowed`` says no (SPMD, several processes, a capture) |
 
 Each parameter is then a view of its row: the same ``Parameter`` object, its values unchanged.
-The forward pass reads each as a slice (``select``); a rolled loop reads a layer's rows as one
-strided slice of the stack (``program.stack_rows``); the step reads and writes the stack whole.
-Anything that makes a parameter something else (``.data =``, ``set_``) takes it out: its
-group's step reads its members one by one. ``LAZYXLA_STACK_PARAMS=0`` turns it off.
+A rolled loop reads a role's rows, all of one stack in order, as that stack (no copy), the step
+(``optimizer_stacks``) reads and writes each stack whole, and the loop's stacked gradients
+enter it as they are. Anything that makes a parameter something else (``.data =``, ``set_``)
+takes it out: its group's step reads its members one by one. ``LAZYXLA_STACK_PARAMS=0`` turns
+it off.
 
 May touch: the parameters of such groups (they become views of their stack), through ``stacks``.
 """
 from __future__ import annotations
 
-from . import optimizer_fused, optimizer_stacks, param_moves, stacks
+import re
+
+from . import optimizer_fused, optimizer_stacks, param_moves, rolling, stacks
 from .config import env_flag
 from .optimizer_state import host_rewrites_allowed
 
 ENABLED = env_flag("LAZYXLA_STACK_PARAMS", True)
 
 
+def role(name: str) -> str:
+    """A parameter's name with its numbers as ``#``: alike layers' parameters share it."""
+    return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.)", "#", name)
+
+
 def _group_added(opt, group) -> None:
-    if not ENABLED or not optimizer_stacks.ENABLED or not optimizer_fused.steps_fused(opt, group):
+    if not (ENABLED and optimizer_stacks.ENABLED and rolling.ENABLED) or not optimizer_fused.steps_fused(opt, group):
         return
     if not host_rewrites_allowed():
         return
     by = {}
     for p in group["params"]:
-        if p.requires_grad:  # (a frozen one is not in the step's lists)
-            by.setdefault((tuple(p.shape), p.dtype), []).append(p)
+        name = param_moves.NAMES.get(p)
+        if p.requires_grad and name is not None:  # (a frozen one is not in the step's lists)
+            by.setdefault((tuple(p.shape), p.dtype, role(name)), []).append(p)
     aliased = None
     for members in by.values():
-        if len(members) < max(optimizer_stacks.MIN_ROWS, 2) or stacks.stack_of(members) is not None:
+        if len(members) < max(rolling.MIN_ITERATIONS, 2) or stacks.stack_of(members) is not None:
             continue
         if aliased is None:
             aliased = stacks.aliased([group["params"]])

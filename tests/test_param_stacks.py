@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 import lazyxla
-from lazyxla import optimizer_stacks, param_stacks, rolling
+from lazyxla import param_stacks, rolling
 from lazyxla.cache import computation_cache
 from lazyhelp import cnt, last_program_text
 
@@ -19,8 +19,9 @@ pytestmark = pytest.mark.usefixtures("nothing_pending")
 
 @pytest.fixture(autouse=True)
 def small_groups_stack(monkeypatch):
-    """Four alike layers: their groups are stacked as a deep model's are."""
-    monkeypatch.setattr(optimizer_stacks, "MIN_ROWS", 4)
+    """Four alike layers: their roles are stacked as a deep model's are."""
+    monkeypatch.setattr(rolling, "MIN_ITERATIONS", 4)
+    monkeypatch.setattr(rolling, "ENABLED", True)
 
 
 def model_on(dev, depth=4, width=6):
@@ -179,8 +180,6 @@ class Block(nn.Module):
 
 def _entry_counts(depth, monkeypatch):
     """(parameters, outputs) of the entry computation of a rolled model's training program."""
-    monkeypatch.setattr(rolling, "MIN_ITERATIONS", 4)
-    monkeypatch.setattr(rolling, "ENABLED", True)
     computation_cache().clear()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 8), *(Block() for _ in range(depth)), nn.Linear(8, 1)).to(DEV)
@@ -204,3 +203,21 @@ def test_a_rolled_models_program_does_not_grow_with_depth(monkeypatch):
     q6, r6 = _entry_counts(6, monkeypatch)
     q12, r12 = _entry_counts(12, monkeypatch)
     assert q12 > q6 and r12 > r6  # (the check can fail: without the stacks both grow)
+
+
+def test_parameters_are_grouped_by_role_and_nameless_ones_left_alone():
+    """A role is a name but for its numbers: each layer's weight one stack, its biases another
+    (the input layer's bias, though of that shape, is no hidden layer's role: left apart).
+    Parameters made on the device have no recorded name and stay as they are."""
+    assert param_stacks.role("bert.encoder.layer.12.attention.self.query.weight") == \
+        "bert.encoder.layer.#.attention.self.query.weight"
+    assert param_stacks.role("blocks.3.experts.11.w") == "blocks.#.experts.#.w"
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 6), nn.Sequential(*(nn.Linear(6, 6) for _ in range(4)))).to(DEV)
+    before = cnt("ParamsStacked")
+    torch.optim.AdamW(model.parameters())
+    assert cnt("ParamsStacked") - before == 8  # 1.#.weight and 1.#.bias, four each
+    on_device = nn.Sequential(*(nn.Linear(6, 6, device=DEV) for _ in range(4)))
+    before = cnt("ParamsStacked")
+    torch.optim.AdamW(on_device.parameters())
+    assert cnt("ParamsStacked") == before
