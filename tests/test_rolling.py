@@ -253,7 +253,9 @@ def test_hf_gpt2_rolls_every_layer_and_trains_as_unrolled(roll_small, monkeypatc
     assert none is None
 
 
-def test_a_rolled_program_is_kept_by_the_persistent_cache(tmp_path):
+@pytest.mark.parametrize("opt", ["SGD(model.parameters(), lr=0.1)", "AdamW(model.parameters(), lr=0.01)"],
+                         ids=["sgd", "adamw-stacked-params"])
+def test_a_rolled_program_is_kept_by_the_persistent_cache(tmp_path, opt):
     from lazyhelp import json_runs
     script = ("import json, torch, lazyxla\n"
               "import lazyxla.debug.metrics as met\n"
@@ -264,7 +266,7 @@ def test_a_rolled_program_is_kept_by_the_persistent_cache(tmp_path):
               "ref = [p.detach().clone() for p in model.parameters()]\n"
               "dev = lazyxla.device()\n"
               "model.to(dev)\n"
-              "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              f"opt = torch.optim.{opt}\n"
               "x = torch.randn(4, 16)\n"
               "losses = []\n"
               "for _ in range(3):\n"
@@ -272,11 +274,12 @@ def test_a_rolled_program_is_kept_by_the_persistent_cache(tmp_path):
               "    loss.backward(); opt.step(); opt.zero_grad(); lazyxla.sync()\n"
               "    losses.append(loss.item())\n"
               "print(json.dumps([losses, met.counter_value('RolledLoops') or 0,"
-              " met.counter_value('PersistentCacheHit') or 0]))\n")
+              " met.counter_value('PersistentCacheHit') or 0, met.counter_value('ParamsStacked') or 0]))\n")
     env = dict(XLA_PERSISTENT_CACHE_PATH=str(tmp_path / "cache"), LAZYXLA_ROLL_LAYERS="1", LAZYXLA_ROLL_MIN="4",
                LAZYXLA_CACHE_HMAC_KEY_FILE=str(tmp_path / "key"))
-    (l1, rolled1, hit1), (l2, rolled2, hit2) = json_runs(script, times=2, **env)
+    (l1, rolled1, hit1, stacked1), (l2, rolled2, hit2, _) = json_runs(script, times=2, **env)
     unrolled, = json_runs(script, LAZYXLA_ROLL_LAYERS="0")
+    assert (stacked1 > 0) == opt.startswith("AdamW")  # each layer's weights, biases, norms: rows of stacks
     assert rolled1 >= 1 and hit1 == 0  # counted once per compile, though the cache was asked first
     assert hit2 >= 1  # the second process runs the stored rolled program (its workspace given back)
     assert l1 == l2
