@@ -18,7 +18,7 @@ import weakref
 import torch
 
 from . import metrics, ops, storage
-from .tensor import LazyTensor, _tensor
+from .tensor import DeviceStorage, LazyTensor, _tensor
 from .xla import download
 
 aten = torch.ops.aten
@@ -78,6 +78,9 @@ def stack(members, counter):
         rows.append(t._state.chain)
     st = whole._state.storage
     _ROWS[st] = tuple(rows)
+    nbytes = members[0]._state.meta.numel * members[0]._state.meta.dtype.itemsize
+    st.untyped = {id(c): DeviceStorage.make(nbytes) for c in rows}  # each row its own, as before
+    st.untyped[None] = DeviceStorage.make(nbytes * len(rows))
     metrics.counter_inc(counter, len(members))
     return st
 

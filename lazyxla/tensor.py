@@ -45,6 +45,24 @@ _make_wrapper = torch.Tensor._make_wrapper_subclass
 _STRIDED = torch.strided
 
 
+class DeviceStorage(torch.UntypedStorage):
+    """A lazy tensor's storage as PyTorch code sees it: a meta storage of the buffer's size
+    (no host memory) whose ``data_ptr()`` is a device address of its own: from 2**56 up, above
+    any host address, never reused, each storage's range apart from the others'."""
+
+    _next = [1 << 56]
+
+    @classmethod
+    def make(cls, nbytes):
+        u = cls(nbytes, device="meta")
+        u._address = cls._next[0]
+        cls._next[0] += (nbytes // 64 + 2) * 64
+        return u
+
+    def data_ptr(self):
+        return self._address
+
+
 class LazyTensor(torch.Tensor):
     """A tensor on the lazy XLA device; see the module docstring."""
 
@@ -95,15 +113,25 @@ class LazyTensor(torch.Tensor):
 
     def untyped_storage(self):
         """What code that compares storages sees: one meta storage per lazyxla storage (a
-        tensor and its aliases and views share it), of the storage's size, whose data pointer
-        is 0, as a tensor with no host memory has (safetensors and HuggingFace tell shared
-        tensors apart by it). PyTorch's own storage of a wrapper tensor refuses its pointer."""
-        st = self._state.storage
+        tensor and its aliases and views share it), of the storage's size, with a device
+        address of its own (``DeviceStorage``): no host memory, as a GPU tensor's. safetensors
+        and HuggingFace's ``save_pretrained`` tell shared tensors apart by (address, size): with
+        one address for all, every two tensors of one size looked tied. A row of a stack
+        (``stacks``: parameters and moments kept as rows of one buffer) shows a storage of its
+        own, as the separate tensor the user made. PyTorch's own storage of a wrapper tensor
+        refuses its pointer."""
+        s = self._state
+        st = s.storage
         u = st.untyped
         if u is None:
             m = st.meta
-            u = st.untyped = torch.UntypedStorage(m.numel * m.dtype.itemsize, device="meta")
+            u = st.untyped = DeviceStorage.make(m.numel * m.dtype.itemsize)
+        if type(u) is dict:
+            return u.get(id(s.chain)) or u[None]
         return u
+
+    def data_ptr(self):
+        return self.untyped_storage().data_ptr()
 
     def __reduce_ex__(self, proto):
         # torch.save: the value (one value read) and where it goes back to; loadable with

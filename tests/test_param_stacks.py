@@ -221,3 +221,45 @@ def test_parameters_are_grouped_by_role_and_nameless_ones_left_alone():
     before = cnt("ParamsStacked")
     torch.optim.AdamW(on_device.parameters())
     assert cnt("ParamsStacked") == before
+
+
+@pytest.mark.parametrize("stacked", [True, False])
+def test_hf_save_pretrained_writes_every_parameter(tmp_path, monkeypatch, stacked):
+    """safetensors and HuggingFace tell tied tensors by their storage's (address, size): every
+    parameter, a row of a stack or not, is saved as its own tensor with its trained value (with
+    one address for every lazy storage, any two parameters of one size looked tied and
+    ``save_pretrained`` refused the model)."""
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.setattr(param_stacks, "ENABLED", stacked)
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=4, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=16)
+    model = transformers.BertForMaskedLM(cfg).to(DEV)
+    before = cnt("ParamsStacked")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    assert cnt("ParamsStacked") - before == (16 * 4 if stacked else 0)  # each layer's 16 parameters, 4 layers
+    ids = torch.randint(0, 64, (2, 8)).to(DEV)
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    lazyxla.sync()
+    model.save_pretrained(tmp_path)
+    back = transformers.BertForMaskedLM.from_pretrained(tmp_path)
+    want = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    got = back.state_dict()
+    for k, v in want.items():
+        torch.testing.assert_close(got[k], v, msg=k)
+
+
+def test_storages_as_pytorch_code_compares_them():
+    """Aliases and views share a storage; separate tensors, and the rows of a stack, do not."""
+    model = model_on(DEV)
+    w = model[1].weight
+    torch.optim.AdamW(model.parameters())
+    ptr = lambda t: (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())  # noqa: E731
+    rows = [model[k].weight for k in (1, 3, 5, 7)]
+    assert len({ptr(r) for r in rows}) == 4 and all(ptr(r)[1] == 6 * 6 * 4 for r in rows)
+    assert ptr(w.detach()) == ptr(w) and w.detach().data_ptr() == w.data_ptr()
+    a = torch.zeros(3, 4).to(DEV)
+    b = torch.zeros(3, 4).to(DEV)
+    assert ptr(a) != ptr(b) and ptr(a[1]) == ptr(a) and ptr(a.view(-1)) == ptr(a)
+    assert a.data_ptr() != 0 and a.data_ptr() != b.data_ptr()
