@@ -16,7 +16,7 @@ import numpy as np
 from jax import lax
 
 from ..xla import jnp_dtype
-from .program import note_row
+from .program import note_row, stack_rows
 from .registry import register
 
 
@@ -179,7 +179,10 @@ def _cat(sig, tensors, dim=0):
 @register("stack.default")
 def _stack(sig, tensors, dim=0):
     dt = jnp_dtype(sig.outs[0].dtype)
-    return jnp.stack([t.astype(dt) for t in tensors], axis=dim % (tensors[0].ndim + 1))
+    d = dim % (tensors[0].ndim + 1)
+    if d == 0 and all(t.dtype == dt for t in tensors):
+        return stack_rows(tensors)  # (rows of a stack, as ``scan_layers`` stacks a stacked parameter's: that stack)
+    return jnp.stack([t.astype(dt) for t in tensors], axis=d)
 
 
 @register("flip.default")
