@@ -263,3 +263,32 @@ def test_storages_as_pytorch_code_compares_them():
     b = torch.zeros(3, 4).to(DEV)
     assert ptr(a) != ptr(b) and ptr(a[1]) == ptr(a) and ptr(a.view(-1)) == ptr(a)
     assert a.data_ptr() != 0 and a.data_ptr() != b.data_ptr()
+
+
+def test_a_torch_compiled_step_updates_stacked_parameters_as_eager():
+    def compiled(dev):
+        model = model_on(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        x = X.to(dev)
+
+        def step():
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        run = torch.compile(step, backend="lazyxla") if dev != "cpu" else step
+        losses = []
+        for _ in range(4):
+            losses.append(float(run().detach()))
+            if dev != "cpu":
+                lazyxla.sync()
+        return losses, model
+
+    torch._dynamo.reset()
+    want = compiled("cpu")
+    before = cnt("ParamsStacked")
+    got = compiled(DEV)
+    assert cnt("ParamsStacked") > before
+    same(*got, *want)
