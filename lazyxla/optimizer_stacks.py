@@ -63,10 +63,10 @@ _FUSED = (aten._fused_adam_.default, aten._fused_adam_.tensor_lr, aten._fused_ad
 
 
 def _groups(params, grads) -> tuple:
-    """(groups, stacked gradient of each or None, whether each is a stack of parameters): the parameters that are every row of one
-    stack in order (``param_stacks``); the parameters whose gradients are all the slices of one
-    ``lazyxla::unstack`` (``scan_layers``' layers), in slice order, with the stacked gradient;
-    the others grouped by shape and dtype. Groups in their first member's order."""
+    """(groups, stacked gradient of each or None, whether each is a stack of parameters): the
+    parameters that are every row of one stack in order (``param_stacks``); the parameters whose
+    gradients are all the slices of one ``lazyxla::unstack`` (``scan_layers``' layers), in slice
+    order, with the stacked gradient; the others grouped by shape and dtype. Groups in their first member's order."""
     by_s, rest = {}, []
     for i, p in enumerate(params):
         r = stacks.row_of(p)

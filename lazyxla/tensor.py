@@ -127,7 +127,8 @@ class LazyTensor(torch.Tensor):
             m = st.meta
             u = st.untyped = DeviceStorage.make(m.numel * m.dtype.itemsize)
         if type(u) is dict:
-            return u.get(id(s.chain)) or u[None]
+            row = u.get(id(s.chain))
+            return row if row is not None else u[None]
         return u
 
     def data_ptr(self):
