@@ -185,6 +185,11 @@ def test_moving_data_and_fetching_gradients(xla):
     back = xm._maybe_convert_to_cpu(moved)
     assert back["m"][0].device.type == "cpu" and back["m"][0].tolist() == [1.0, 1.0]
     assert xm._maybe_convert_to_cpu(moved, convert=False) is moved
+    w = torch.arange(6.0).to(lazyxla.device())
+    tied = xm._maybe_convert_to_cpu({"a": w, "b": w.detach(), "c": w.view(2, 3), "d": w.clone()})
+    assert tied["a"] is tied["b"]  # one value under two names stays one tensor, as in eager's state dict
+    assert tied["c"] is not tied["a"] and tied["d"] is not tied["a"] and tied["c"].shape == (2, 3)
+    assert tied["a"].tolist() == tied["d"].tolist() == list(range(6))
     p = torch.nn.Parameter(torch.ones(2).to(lazyxla.device()))
     q = torch.nn.Parameter(torch.ones(2).to(lazyxla.device()))
     opt = torch.optim.SGD([p, q], lr=0.1)

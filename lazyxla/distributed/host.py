@@ -51,8 +51,24 @@ def launch(fn, args=(), nprocs=None, start_method: str = "spawn"):
 
 def host_copy(x):
     """``x`` with every tensor on the device read to the CPU (containers kept, as torch's pytree
-    sees them)."""
-    return tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) and t.device.type != "cpu" else t, x)
+    sees them). Aliases of one value (a tied weight under its two names in a state dict: one
+    storage, the same view) become one CPU tensor, as they share storage in eager's state dict:
+    ``torch.save`` keeps the tie and safetensors' savers keep one name, as they do for eager's
+    (a copy each had HF's loaders find both names and refuse the tied one)."""
+    memo = {}
+
+    def host(t):
+        if not isinstance(t, torch.Tensor) or t.device.type == "cpu":
+            return t
+        s = getattr(t, "_state", None)
+        if s is None:
+            return t.cpu()
+        k = (id(s.storage), id(s.chain), tuple(t.shape), t.stride(), t.dtype)
+        got = memo.get(k)
+        if got is None:
+            got = memo[k] = (t.cpu(), s)  # (the state kept alive: its ids stay its own)
+        return got[0]
+    return tree_map(host, x)
 
 
 def mesh_reduce(tag: str, data, reduce_fn, timeout: int = 300):
