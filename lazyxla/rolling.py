@@ -11,7 +11,7 @@ How a loop is found (every step checks; any doubt leaves the graph as it is):
 
 | step | rule |
 |---|---|
-| carries | nodes alike in what uses them (a hash over their users, ``_ROUNDS`` deep, leaves by shape and dtype; a user with more than ``_WIDE`` operands alike at every position) that form a chain, each depending on the one before: values handed from one iteration to the next (``h_k``). The largest such class, earliest first; all its members, then every other one (a pre-norm layer's two norms look alike to that depth, half a layer apart). |
+| carries | nodes alike in what uses them (a hash over their users, ``_ROUNDS`` deep, leaves by shape and dtype; a user with more than ``_WIDE`` operands alike at every position) that form a chain, each depending on the one before: values handed from one iteration to the next (``h_k``). The largest such class (of ``MIN_ITERATIONS - _EDGES`` or more: the first and last layers' may hash apart), earliest first; all its members, then every other one (a pre-norm layer's two norms look alike to that depth, half a layer apart). |
 | template | iteration 0: every node that depends on ``h_0`` and not on ``h_1``, with ``h_1`` (in post-order: the roles), and the leaf-only ops they read (a weight's transpose: computed inside the body from the stacked leaves), unless iteration 1 has no leaf-only op in its place (the embedding the first layer reads): then it is read from outside. |
 | iterations | from ``h_k``, each role is found among the users of its operands' counterparts: same signature, same operand positions, operands the carry, a role of the same iteration, a role of the iteration before (one more carry, the same in every iteration) or a value that does not depend on the loop (same shapes and dtypes). Until one role has no counterpart; then iterations before the first, each from its output (``h_0``) back through operands. |
 | cut | the roles at which the loop could be cut instead, as few values crossing from one iteration to the next as now or fewer, fewest first (``_cuts``, counted on two copies of the template; a leaf-only op crosses nothing); up to ``_CANDIDATES`` are built and the loop with the most iterations, then the fewest carries, is taken: a layer's boundary, where only the hidden state crosses (a cut inside a layer where one value crosses too leaves half a layer unrolled at each end). |
@@ -43,6 +43,10 @@ MAX_LOOPS = 4
 _ROUNDS = 3
 _CANDIDATES = 4  # other cuts of a loop tried, fewest crossing values first
 _WIDE = 8  # a user with more operands (a stack, the optimizer's step) is alike at every position
+# a class of carries may miss this many iterations: the first and last layers' copies are used
+# otherwise within ``_ROUNDS`` (the embedding, the final norm) and hash apart; finding the
+# iterations adds them back, and the loop must still hold ``MIN_ITERATIONS``
+_EDGES = 2
 
 last_report: list = []  # why the last graph rolled or did not: one line per attempt
 
@@ -144,7 +148,7 @@ class _Index:
             for i, n in enumerate(self.post):
                 if n.data is None and n.operands:
                     groups.setdefault(h[i], []).append(i)
-            self._classes = sorted((g for g in groups.values() if len(g) >= MIN_ITERATIONS),
+            self._classes = sorted((g for g in groups.values() if len(g) >= max(2, MIN_ITERATIONS - _EDGES)),
                                    key=lambda g: (-len(g), g[0]))
         return self._classes
 
@@ -196,7 +200,7 @@ def _find_loop(g, taken):
         # every member, then every other one: a class can hold two nodes of each layer that
         # look alike to some depth (a pre-norm layer's two norms), a half layer apart
         for anchors in (members, members[::2]):
-            if len(anchors) < MIN_ITERATIONS or not _reaches(g, anchors[0], anchors[1]) \
+            if len(anchors) < max(2, MIN_ITERATIONS - _EDGES) or not _reaches(g, anchors[0], anchors[1]) \
                     or not _reaches(g, anchors[-2], anchors[-1]):
                 continue
             f = _carry_depth(g, anchors)

@@ -253,6 +253,23 @@ def test_hf_gpt2_rolls_every_layer_and_trains_as_unrolled(roll_small, monkeypatc
     assert none is None
 
 
+def test_a_model_of_just_the_least_depth_rolls_every_layer(roll_small, monkeypatch):
+    """As many layers as ``MIN_ITERATIONS``: the first and last layers' copies hash apart from
+    the others (what uses them differs near the ends), so the class of carries holds fewer; the
+    loop found from it holds them all (a 20-layer GPT-2 was left unrolled at the default 20)."""
+    transformers = pytest.importorskip("transformers")
+
+    def build():
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=64, n_positions=16, n_embd=16, n_layer=rolling.MIN_ITERATIONS, n_head=2,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+
+    rolled, n, report = _train_hf(build, True, monkeypatch, 2)
+    unrolled, _, _ = _train_hf(build, False, monkeypatch, 2)
+    assert n == 2 * rolling.MIN_ITERATIONS, report  # every layer, forward and backward
+    assert rolled == pytest.approx(unrolled, rel=1e-5)
+
+
 @pytest.mark.parametrize("opt", ["SGD(model.parameters(), lr=0.1)", "AdamW(model.parameters(), lr=0.01)"],
                          ids=["sgd", "adamw-stacked-params"])
 def test_a_rolled_program_is_kept_by_the_persistent_cache(tmp_path, opt):
