@@ -63,21 +63,22 @@ _FUSED = (aten._fused_adam_.default, aten._fused_adam_.tensor_lr, aten._fused_ad
 
 
 def _groups(params, grads) -> tuple:
-    """(groups, stacked gradient of each or None, whether each is a stack of parameters): the
-    parameters that are every row of one stack in order (``param_stacks``); the parameters whose
-    gradients are all the slices of one ``lazyxla::unstack`` (``scan_layers``' layers), in slice
-    order, with the stacked gradient; the others grouped by shape and dtype. Groups in their first member's order."""
+    """(groups, stacked gradient of each or None, the storage of each that is a stack of
+    parameters or None): the parameters that are every row of one stack in order
+    (``param_stacks``); the parameters whose gradients are all the slices of one
+    ``lazyxla::unstack`` (``scan_layers``' layers), in slice order, with the stacked gradient;
+    the others grouped by shape and dtype. Groups in their first member's order."""
     by_s, rest = {}, []
     for i, p in enumerate(params):
         r = stacks.row_of(p)
         if r is not None:
-            by_s.setdefault(id(r[0]), []).append((r[1], i))
+            by_s.setdefault(id(r[0]), (r[0], r[2], []))[2].append((r[1], i))
         else:
             rest.append(i)
     out = []
-    for got in by_s.values():
-        if [k for k, _ in got] == list(range(len(got))) and stacks.stack_of([params[i] for _, i in got]) is not None:
-            out.append((tuple(i for _, i in got), None, True))
+    for st, n, got in by_s.values():
+        if [k for k, _ in got] == list(range(n)):
+            out.append((tuple(i for _, i in got), None, st))
         else:
             rest += [i for _, i in got]
     by_u, left = {}, []
@@ -91,27 +92,27 @@ def _groups(params, grads) -> tuple:
     for u, got in by_u.values():
         got.sort()
         if [k for k, _ in got] == list(range(len(u.sig.outs))) and len(got) > 1:
-            out.append((tuple(i for _, i in got), u.operands[0], False))
+            out.append((tuple(i for _, i in got), u.operands[0], None))
         else:
             rest += [i for _, i in got]
     by = {}
     for i in sorted(rest):
         by.setdefault((tuple(params[i].shape), params[i].dtype), []).append(i)
-    out += [(tuple(ix), None, False) for ix in by.values()]
+    out += [(tuple(ix), None, None) for ix in by.values()]
     out.sort(key=lambda g: g[0][0])
     return tuple(g[0] for g in out), [g[1] for g in out], [g[2] for g in out]
 
 
-def _moments(lists, groups, gstack, whole, stacking):
+def _moments(lists, groups, gstack, pstack, stacking):
     """Apply the rules: the groups as stepped (a group that is not stacked steps its members
-    one by one), the stacked gradient of each (or None), and per group the storages of its
-    moment stacks, one per list (or None). Makes the stacks the rules allow, all of a group's
-    lists or none."""
+    one by one), the stacked gradient of each (or None), its stack of parameters (or None), and
+    per group the storages of its moment stacks, one per list (or None). Makes the stacks the
+    rules allow, all of a group's lists or none."""
     aliased = None
-    out_groups, out_grads, tops = [], [], []
-    for ix, gs, w in zip(groups, gstack, whole):
+    out_groups, out_grads, out_params, tops = [], [], [], []
+    for ix, gs, ps in zip(groups, gstack, pstack):
         got = None
-        if len(ix) > 1 and (gs is not None or w or len(ix) >= MIN_ROWS):
+        if len(ix) > 1 and (gs is not None or ps is not None or len(ix) >= MIN_ROWS):
             members = [[ts[i] for i in ix] for ts in lists]
             got = [stacks.stack_of(m) for m in members]
             if None in got and stacking:
@@ -121,15 +122,17 @@ def _moments(lists, groups, gstack, whole, stacking):
                     got = [st if st is not None else stacks.stack(m, "MomentsStacked") for st, m in zip(got, members)]
             if None in got:
                 got = None
-        if got is None:
+        if got is None:  # (a stack of parameters is then read and written row by row)
             out_groups += [(i,) for i in ix]
             out_grads += [None] * len(ix)
+            out_params += [None] * len(ix)
             tops += [None] * len(ix)
         else:
             out_groups.append(ix)
             out_grads.append(gs)
+            out_params.append(ps)
             tops.append(got)
-    return tuple(out_groups), out_grads, tops
+    return tuple(out_groups), out_grads, out_params, tops
 
 
 def record(func, info, args, kwargs):
@@ -145,11 +148,9 @@ def record(func, info, args, kwargs):
     lr = a["lr"]
     lr = scalar_value(float(lr), torch.float32) if not isinstance(lr, torch.Tensor) else lr._state.value()
     lists = [ms, vs] + ([vmaxs] if amsgrad else [])
-    groups, gstack, tops = _moments(lists, *_groups(params, grads), ENABLED and host_rewrites_allowed())
     # a group whose parameters are the rows of one stack in its order (``param_stacks``) reads
     # and writes that stack whole; any other parameter is read and written on its own
-    pstacks = [stacks.stack_of([params[i] for i in ix]) if len(ix) > 1 and st is not None else None
-               for ix, st in zip(groups, tops)]
+    groups, gstack, pstacks, tops = _moments(lists, *_groups(params, grads), ENABLED and host_rewrites_allowed())
     values, written = [], []  # written: tensors, or the storages of stacks
     for ix, ps in zip(groups, pstacks):
         values += [ps.ir] if ps is not None else [params[i]._state.value() for i in ix]

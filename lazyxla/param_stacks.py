@@ -58,7 +58,7 @@ def _group_added(opt, group) -> None:
             by.setdefault((tuple(p.shape), p.dtype, role(name)), []).append(p)
     aliased = None
     for members in by.values():
-        if len(members) < max(rolling.MIN_ITERATIONS, 2) or stacks.stack_of(members) is not None:
+        if len(members) < max(rolling.MIN_ITERATIONS, 2):
             continue
         if aliased is None:
             aliased = stacks.aliased([group["params"]])

@@ -23,8 +23,8 @@ from .xla import download
 
 aten = torch.ops.aten
 
-# a stack's storage -> the view chain of each row, by row (a member is row k while its state
-# has this storage and exactly this chain object)
+# a stack's storage -> the view chain of each row, by row, and id(chain) -> its row (a member is
+# row k while its state has this storage and exactly this chain object)
 _ROWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -33,9 +33,9 @@ def stack_of(members):
     s0 = members[0]._state
     st = s0.storage
     rows = _ROWS.get(st)
-    if rows is None or len(rows) != len(members):
+    if rows is None or len(rows[0]) != len(members):
         return None
-    for t, chain in zip(members, rows):
+    for t, chain in zip(members, rows[0]):
         s = t._state
         if s.storage is not st or s.chain is not chain:
             return None
@@ -43,15 +43,14 @@ def stack_of(members):
 
 
 def row_of(t):
-    """(storage, k) when tensor ``t`` is row ``k`` of a stack made here, else None."""
+    """(storage, k, rows) when tensor ``t`` is row ``k`` of a stack of ``rows`` made here, else
+    None (run for every parameter of every fused step: a lookup, no search)."""
     s = t._state
     rows = _ROWS.get(s.storage)
-    if rows is None or s.chain is None:
+    if rows is None:
         return None
-    for k, chain in enumerate(rows):
-        if chain is s.chain:
-            return s.storage, k
-    return None
+    k = rows[1].get(id(s.chain))
+    return None if k is None or rows[0][k] is not s.chain else (s.storage, k, len(rows[0]))
 
 
 def can_stack(members, aliased) -> bool:
@@ -77,7 +76,7 @@ def stack(members, counter):
         ops.become(t, aten.select.int(whole, 0, k))
         rows.append(t._state.chain)
     st = whole._state.storage
-    _ROWS[st] = tuple(rows)
+    _ROWS[st] = (tuple(rows), {id(c): k for k, c in enumerate(rows)})
     nbytes = members[0]._state.meta.numel * members[0]._state.meta.dtype.itemsize
     st.untyped = {id(c): DeviceStorage.make(nbytes) for c in rows}  # each row its own, as before
     st.untyped[None] = DeviceStorage.make(nbytes * len(rows))

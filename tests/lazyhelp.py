@@ -103,3 +103,24 @@ def last_program_text() -> str:
     """The optimized HLO of the program compiled or run last."""
     from lazyxla.cache import computation_cache
     return computation_cache().values()[-1].executable.as_text()
+
+
+def lazy_then_replayed(model, opt, x, lazy=2, replayed=4):
+    """Train ``model`` on ``x`` (a squared-output loss) for ``lazy`` lazy steps, then
+    ``replayed`` steps of the same step captured (``lazyxla.compile(step, replay=True)``)."""
+    import lazyxla
+
+    def step(x):
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    for _ in range(lazy):
+        step(x)
+        lazyxla.sync()
+    run = lazyxla.compile(step, replay=True)
+    for _ in range(replayed):
+        run(x)
+    lazyxla.sync()

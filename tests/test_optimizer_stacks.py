@@ -8,7 +8,7 @@ import torch.nn as nn
 
 import lazyxla
 from lazyxla import optimizer_counts, optimizer_stacks
-from lazyhelp import cnt
+from lazyhelp import cnt, lazy_then_replayed
 
 DEV = lazyxla.device()
 pytestmark = pytest.mark.usefixtures("nothing_pending")
@@ -130,21 +130,7 @@ def test_lazy_steps_then_replayed_steps_count_and_update_like_eager():
     model = model_on(DEV)
     x = torch.randn(4, 6).to(DEV)  # run()'s input
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
-
-    def step(x):
-        loss = model(x).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    for _ in range(2):
-        step(x)
-        lazyxla.sync()
-    replayed = lazyxla.compile(step, replay=True)
-    for _ in range(4):
-        replayed(x)
-    lazyxla.sync()
+    lazy_then_replayed(model, opt, x)
     same_state(opt, model, want_opt, want_model)
 
 

@@ -11,7 +11,7 @@ import torch.nn as nn
 import lazyxla
 from lazyxla import param_stacks, rolling
 from lazyxla.cache import computation_cache
-from lazyhelp import cnt, last_program_text
+from lazyhelp import cnt, last_program_text, lazy_then_replayed
 
 DEV = lazyxla.device()
 pytestmark = pytest.mark.usefixtures("nothing_pending")
@@ -141,22 +141,7 @@ def test_replayed_steps_after_lazy_ones_update_the_stack_as_eager():
     want = train("cpu", steps=6)
     model = model_on(DEV)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, capturable=True)
-    x = X.to(DEV)
-
-    def step(x):
-        loss = model(x).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    for _ in range(2):
-        step(x)
-        lazyxla.sync()
-    replayed = lazyxla.compile(step, replay=True)
-    for _ in range(4):
-        replayed(x)
-    lazyxla.sync()
+    lazy_then_replayed(model, opt, X.to(DEV))
     for pg, pw in zip(model.parameters(), want[1].parameters()):
         torch.testing.assert_close(pg.detach().cpu(), pw.detach(), rtol=1e-5, atol=1e-6)
 
