@@ -33,8 +33,8 @@ from .config import env_int
 from .execution import ExecutionError
 from .ir import fmt_where
 from .jax_internals import tupled_parameters
-from .lowering import build_program
-from .xla import compile_environment, jnp_dtype, process_mesh, spmd, zeros
+from .lowering import build_program, row_args
+from .xla import compile_environment, jnp_dtype, process_mesh, row_indices, spmd, zeros
 
 WRAP_THRESHOLD = env_int("XLA_PARAMETER_WRAPPING_THREADSHOLD", 3200)
 
@@ -98,25 +98,38 @@ def rolled(graph, count=True):
     return found
 
 
+ROW_INDEX = jax.ShapeDtypeStruct((), "int32")  # a row-index argument's abstract value
+
+
+def rows_taken(post) -> int:
+    """How many row-index arguments the program of this post-order takes
+    (``lowering.row_args``; none under SPMD or in a job of several processes, as nothing rolls
+    there either)."""
+    return 0 if spmd() or process_mesh() is not None else row_args(post)
+
+
 class WorkspaceCall:
     """A program whose rolled loops write their stacked outputs into buffers kept from one run
-    to the next: they are its last arguments (donated) and its outputs after the roots, so no
-    step fills them first (XLA:CPU has no uninitialized buffers: a fill of every saved value
-    made a rolled GPT-2 step ~10% slower). Called like the program without them."""
+    to the next: they are its arguments after the parameters (donated) and its outputs after the
+    roots, so no step fills them first (XLA:CPU has no uninitialized buffers: a fill of every
+    saved value made a rolled GPT-2 step ~10% slower); then its row indices, ``rows`` int32
+    scalars 0, 1, ... (``lowering.row_args``; never donated). Called like the program without
+    either."""
 
-    __slots__ = ("compiled", "specs", "n_roots", "ws")
+    __slots__ = ("compiled", "specs", "n_roots", "ws", "rows")
 
-    def __init__(self, compiled, specs, n_roots):
+    def __init__(self, compiled, specs, n_roots, rows=0):
         self.compiled = compiled
         self.specs = specs
         self.n_roots = n_roots
         self.ws = None
+        self.rows = row_indices(rows)
 
     def __call__(self, *arrays):
         ws, self.ws = self.ws, None  # donated: a failed run starts the next from new buffers
         if ws is None:
             ws = [zeros(s.shape, s.dtype) for s in self.specs]
-        outs = self.compiled(*arrays, *ws)
+        outs = self.compiled(*arrays, *ws, *self.rows)
         n, k = self.n_roots, len(self.specs)
         self.ws = list(outs[n:n + k])
         return tuple(outs[:n]) + tuple(outs[n + k:])
@@ -126,15 +139,17 @@ class WorkspaceCall:
 
 
 def _function(graph, name, count=True):
-    """The program's function, its abstract arguments and its workspace (``rolled``); in a job
+    """The program's function, its abstract arguments (the parameters', the workspace's
+    (``rolled``), the row indices' (``lowering.row_args``)) and its workspace; in a job
     of several processes, the function runs on every process's device under ``shard_map`` with
     the process axis bound (each process's arrays are its own block of a global array that
     claims to be replicated: the body is per-process code, and only the collectives cross
     processes)."""
     post, ws = rolled(graph, count)
-    body = fn = build_program(post, graph.roots, graph.params, workspace=len(ws))
+    n_rows = rows_taken(post)
+    body = fn = build_program(post, graph.roots, graph.params, workspace=len(ws), row_args=n_rows)
     fn.__name__ = name
-    args = specs(graph) + ws
+    args = specs(graph) + ws + [ROW_INDEX] * n_rows
     mesh = _per_process_mesh()
     if mesh is None:
         return fn, args, body, ws
@@ -209,7 +224,8 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
         tf = metrics.now_ns()
         try:
             with tupled_parameters(wrap_allowed and len(args) >= WRAP_THRESHOLD):
-                donate = tuple(donors) + tuple(range(len(args) - len(ws), len(args)))
+                n_rows = len(args) - len(graph.params) - len(ws)
+                donate = tuple(donors) + tuple(range(len(graph.params), len(graph.params) + len(ws)))
                 traced = jax.jit(fn, donate_argnums=donate).trace(*args)  # lazyxla's lowerings run here
                 t1 = metrics.now_ns()
                 lowered = traced.lower()                                  # JAX: the program as MLIR
@@ -223,8 +239,8 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
     mesh = _per_process_mesh()
     if mesh is not None:
         compiled = ProcessProgram(compiled, mesh)
-    if ws:
-        compiled = WorkspaceCall(compiled, ws, len(graph.roots))
+    if ws or n_rows:
+        compiled = WorkspaceCall(compiled, ws, len(graph.roots), n_rows)
     dt = metrics.now_ns() - t0
     metrics.metric_add("CompileTime", dt, "time")
     metrics.metric_add("CompileTraceTime", t1 - tf, "time")

@@ -188,6 +188,17 @@ def leading(array, shape):
     return jax.lax.slice(array, (0,) * len(shape), tuple(shape))
 
 
+_ROW_INDICES: list = []
+
+
+def row_indices(n):
+    """Device int32 scalars 0 .. n-1, made once each (a program's row indices: read, never
+    written or donated)."""
+    while len(_ROW_INDICES) < n:
+        _ROW_INDICES.append(jax.device_put(np.int32(len(_ROW_INDICES)), placement()))
+    return tuple(_ROW_INDICES[:n])
+
+
 def zeros(shape, dtype):
     """Device zeros of a JAX dtype, put where new device data goes, without compiling anything
     (``jnp.zeros`` compiles a small program per shape: ~25 ms each)."""

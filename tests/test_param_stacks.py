@@ -11,7 +11,7 @@ import torch.nn as nn
 import lazyxla
 from lazyxla import param_stacks, rolling
 from lazyxla.cache import computation_cache
-from lazyhelp import cnt, last_program_text, lazy_then_replayed
+from lazyhelp import cnt, distinct_kernels, last_program_text, lazy_then_replayed
 
 DEV = lazyxla.device()
 pytestmark = pytest.mark.usefixtures("nothing_pending")
@@ -277,3 +277,46 @@ def test_a_torch_compiled_step_updates_stacked_parameters_as_eager():
     got = compiled(DEV)
     assert cnt("ParamsStacked") > before
     same(*got, *want)
+
+
+class Mixed(nn.Module):
+    """A layer like Block, but every third one's GELU the tanh approximation: layers that do not
+    roll (no run of ``MIN_ITERATIONS`` alike), whose parameters still have their roles."""
+
+    def __init__(self, i, w=8):
+        super().__init__()
+        self.ln, self.fc1, self.fc2 = nn.LayerNorm(w), nn.Linear(w, 2 * w), nn.Linear(2 * w, w)
+        self.approximate = "tanh" if i % 3 == 2 else "none"
+
+    def forward(self, x):
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x)), approximate=self.approximate))
+
+
+def _unrolled_kernels(stacked, monkeypatch):
+    """(distinct kernels, losses) of a model of 12 Mixed layers trained lazily (its backward
+    rolls, its forward does not)."""
+    monkeypatch.setattr(param_stacks, "ENABLED", stacked)
+    computation_cache().clear()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 8), *(Mixed(i) for i in range(12)), nn.Linear(8, 1)).to(DEV)
+    made = cnt("ParamsStacked")
+    losses, *_ = train(DEV, steps=2, model=model)
+    assert cnt("ParamsStacked") > made if stacked else cnt("ParamsStacked") == made
+    assert any(r.startswith("not rolled") for r in rolling.last_report), rolling.last_report  # the forward
+    return distinct_kernels(last_program_text()), losses
+
+
+def test_rows_read_outside_a_loop_share_their_kernels(monkeypatch):
+    """Where the layers do not roll, each layer reads its parameters as rows of the stacks: at
+    a row index the program takes as an argument (``lowering.row_args``), so the layers'
+    kernels stay one kernel each, as with separate parameters (88 distinct kernels against 97);
+    a row at a constant offset was fused into every kernel reading it, a kernel per layer (147
+    here; a 20-layer GPT-2 that did not roll: 417 against 149, its compile 70% longer)."""
+    from lazyxla.lowering import program
+    plain, want = _unrolled_kernels(False, monkeypatch)
+    stacked, got = _unrolled_kernels(True, monkeypatch)
+    assert got == pytest.approx(want, rel=1e-5)
+    assert stacked <= plain + 2, (stacked, plain)
+    monkeypatch.setattr(program, "ROW_ARGS_MAX", 0)  # rows at constant offsets
+    constant, _ = _unrolled_kernels(True, monkeypatch)
+    assert constant > plain + 12, (constant, plain)  # (the check can fail: a kernel per layer)

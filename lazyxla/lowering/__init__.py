@@ -48,7 +48,7 @@ from __future__ import annotations
 from .registry import (DECOMPOSITIONS, LOWERINGS, OUTPUT_DTYPES, RANDOM, SHAPE_RULES, STATIC_ARGS,  # noqa: F401
                        ZERO_D_AS_VECTOR,
                        functional_of, get, is_random, register, shape_rule)
-from .program import build_program, lower_call, lower_convert, lower_node, lower_sharding, lower_view_scatter  # noqa: F401
+from .program import build_program, row_args, lower_call, lower_convert, lower_node, lower_sharding, lower_view_scatter  # noqa: F401
 from .collective import (PROCESS_AXIS, lower_all_gather, lower_all_reduce, lower_broadcast,  # noqa: F401
                          lower_reduce_scatter)
 from . import elementwise, reduce, matmul, shape, indexing, factory, random  # noqa: F401

@@ -17,8 +17,9 @@ the parameters, which ``executor`` hands to ``jax.jit``. ``lower_convert`` and
 nodes, ``lower_sharding`` a sharding annotation (``xla::sharding``).
 
 While a program is traced it holds one trace state (``_Trace``): the rolled loops' workspace
-arguments and final buffers, and the rows of their stacked outputs (``stack_rows`` reads runs of
-them as slices); ``loop_checks`` collects a loop body's value checks apart.
+arguments and final buffers, the rows of their stacked outputs (``stack_rows`` reads runs of
+them as slices), and its row-index arguments (``read_row``); ``loop_checks`` collects a loop
+body's value checks apart.
 
 May touch: its own trace state while a program is traced; reads the registries.
 """
@@ -104,14 +105,15 @@ def _broadcastable(src, dst):
     return True
 
 
-def build_program(post, roots, params, checked=True, workspace=0):
+def build_program(post, roots, params, checked=True, workspace=0, row_args=0):
     """A function ``f(*param_arrays) -> tuple(root arrays)`` evaluating the graph; ``params``
     (device-data leaves, or a captured region's placeholders) are its arguments, in order.
     ``checked``: the value checks its lowerings report are one more output (see the module's
     docstring; ``f.checks`` lists them once it was traced); a region's function (not checked)
     reports into the program that calls it. ``workspace``: how many more arguments, after the
     parameters, are buffers the rolled loops write their stacked outputs into (``rolled``);
-    their final values are outputs after the roots."""
+    their final values are outputs after the roots. ``row_args``: how many more arguments, after
+    those, are the row indices 0, 1, ... (``row_args``, ``read_row``)."""
     is_param = {id(p) for p in params}
     ops = [n for n in post if id(n) not in is_param]
 
@@ -123,6 +125,7 @@ def build_program(post, roots, params, checked=True, workspace=0):
         mine = _checks is not outer
         if was_trace is None:  # the outermost program of this trace (a region's runs inside it)
             _trace = _Trace(arrays[len(params):len(params) + workspace])
+            _trace.row_index = arrays[len(params) + workspace:len(params) + workspace + row_args]
         try:
             env = {id(p): (a,) for p, a in zip(params, arrays)}
             for n in ops:
@@ -156,12 +159,13 @@ class _Trace:
     arguments not yet taken, the loops' final buffers (outputs after the roots), and the rows
     of the loops' stacked outputs (``note_row``)."""
 
-    __slots__ = ("workspace", "workspace_out", "rows")
+    __slots__ = ("workspace", "workspace_out", "rows", "row_index")
 
     def __init__(self, workspace):
         self.workspace = list(workspace)
         self.workspace_out = []
         self.rows = {}  # id(array) -> (array, stack, row)
+        self.row_index = ()  # the row-index arguments: row k's index is row_index[k]
 
 
 _trace = None  # the outermost program being traced, or None
@@ -187,6 +191,45 @@ def give_workspace(bufs):
 def note_row(array, stack, k):
     if _trace is not None:  # (a lowering also runs for shapes alone, outside any program)
         _trace.rows[id(array)] = (array, stack, k)
+
+
+# Rows of device data read outside the loops (``select(data, 0, k)``: a parameter kept as a row
+# of a stack, ``param_stacks``, in a model whose layers did not roll) take their index from an
+# argument holding k, never a constant: XLA fuses a constant row into every kernel reading it, so
+# each layer's kernels were kernels of their own (a 20-layer GPT-2 that did not roll compiled
+# 417 distinct kernels against 149 with separate parameters, 9.2-10.8 s of XLA against 4.8-6.2;
+# with the index as an argument 157 kernels, 4.6 s).
+ROW_ARGS_MAX = 1024  # data with more rows (a table, a batch) keeps constant rows
+
+
+def row_args(post) -> int:
+    """How many row-index arguments a program of this post-order takes: one past the largest
+    row of device data (of at most ``ROW_ARGS_MAX`` rows) that a node selects."""
+    n = 0
+    for x in post:
+        if type(x) is not Node or x.sig.op != "aten::select.int":
+            continue
+        leaf = x.operands[0][0]
+        if leaf.data is None:
+            continue
+        _, dim, index = x.sig.template[0]
+        rows = leaf.sig.outs[0].shape[0] if leaf.sig.outs[0].shape else 0
+        if 1 < rows <= ROW_ARGS_MAX and type(index) is int and type(dim) is int \
+                and dim % len(leaf.sig.outs[0].shape) == 0:
+            n = max(n, index % rows + 1)
+    return n
+
+
+def read_row(x, k):
+    """Row ``k`` of ``x`` (noted for ``stack_rows``): at the program's row-index argument when
+    the node being lowered reads it from device data and the program has one, else at a constant."""
+    t, n = _trace, _node
+    if t is not None and k < len(t.row_index) and n is not None and n.operands and n.operands[0][0].data is not None:
+        v = jax.lax.dynamic_index_in_dim(x, t.row_index[k], 0, keepdims=False)
+    else:
+        v = jax.lax.index_in_dim(x, k, 0, keepdims=False)
+    note_row(v, x, k)
+    return v
 
 
 class Row:

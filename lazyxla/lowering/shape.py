@@ -16,7 +16,7 @@ import numpy as np
 from jax import lax
 
 from ..xla import jnp_dtype
-from .program import note_row, stack_rows
+from .program import read_row, stack_rows
 from .registry import register
 
 
@@ -82,10 +82,9 @@ def _select(sig, x, dim, index):
     d = dim % x.ndim
     if isinstance(index, int):
         k = index % x.shape[d]
-        v = jnp.take(x, k, axis=d)
         if d == 0:  # a row of x (a stacked parameter's): stack_rows takes runs of them as slices of x
-            note_row(v, x, k)
-        return v
+            return read_row(x, k)
+        return jnp.take(x, k, axis=d)
     return jnp.take(x, index, axis=d)
 
 
