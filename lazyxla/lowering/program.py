@@ -212,11 +212,11 @@ def row_args(post) -> int:
         leaf = x.operands[0][0]
         if leaf.data is None:
             continue
-        _, dim, index = x.sig.template[0]
-        rows = leaf.sig.outs[0].shape[0] if leaf.sig.outs[0].shape else 0
-        if 1 < rows <= ROW_ARGS_MAX and type(index) is int and type(dim) is int \
-                and dim % len(leaf.sig.outs[0].shape) == 0:
-            n = max(n, index % rows + 1)
+        targs = x.sig.template[0]  # (x, dim, index); a dynamic program's index may be a symbol
+        shape = leaf.sig.outs[0].shape
+        if len(targs) == 3 and type(targs[1]) is int and type(targs[2]) is int and shape \
+                and 1 < shape[0] <= ROW_ARGS_MAX and targs[1] % len(shape) == 0:
+            n = max(n, targs[2] % shape[0] + 1)
     return n
 
 
