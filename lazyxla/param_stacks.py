@@ -39,7 +39,6 @@ from .config import env_flag
 from .optimizer_state import host_rewrites_allowed
 
 ENABLED = env_flag("LAZYXLA_STACK_PARAMS", True)
-MIN_MEMBERS = None  # the fewest members a stacked role has; None: rolling.MIN_ITERATIONS
 
 
 def role(name: str) -> str:
@@ -59,7 +58,7 @@ def _group_added(opt, group) -> None:
             by.setdefault((tuple(p.shape), p.dtype, role(name)), []).append(p)
     aliased = None
     for members in by.values():
-        if len(members) < max(rolling.MIN_ITERATIONS if MIN_MEMBERS is None else MIN_MEMBERS, 2):
+        if len(members) < max(rolling.MIN_ITERATIONS, 2):
             continue
         if aliased is None:
             aliased = stacks.aliased([group["params"]])
