@@ -19,7 +19,7 @@ class Graph:
 
     def __init__(self, roots):
         self.roots = roots
-        self.rolled = None  # the post-order with its layers rolled (``compiler.rolled``), once asked
+        self.rolled = None  # ((post-order with its layers rolled, workspace), ns it took): ``compiler.rolled``, once asked
         post = post_order(roots)
         self.post = post
         params, seq, index = [], [], {}

@@ -274,8 +274,11 @@ def test_a_model_of_just_the_least_depth_rolls_every_layer(roll_small, monkeypat
                          ids=["sgd", "adamw-stacked-params"])
 def test_a_rolled_program_is_kept_by_the_persistent_cache(tmp_path, opt):
     from lazyhelp import json_runs
-    script = ("import json, torch, lazyxla\n"
+    script = ("import json, time, torch, lazyxla\n"
               "import lazyxla.debug.metrics as met\n"
+              "from lazyxla import rolling\n"
+              "roll = rolling.roll\n"
+              "rolling.roll = lambda *a, **k: (time.sleep(0.3), roll(*a, **k))[1]  # a roll that takes its time\n"
               "torch.manual_seed(0)\n"
               "blocks = [torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Linear(16, 16), torch.nn.GELU())"
               " for _ in range(6)]\n"
@@ -290,14 +293,18 @@ def test_a_rolled_program_is_kept_by_the_persistent_cache(tmp_path, opt):
               "    loss = model(x.to(dev)).pow(2).mean()\n"
               "    loss.backward(); opt.step(); opt.zero_grad(); lazyxla.sync()\n"
               "    losses.append(loss.item())\n"
+              "t = {k: (met.metric_data(k) or (0, 0))[1] for k in ('CompileTime', 'CompileRollTime',"
+              " 'CompileTraceTime', 'CompileLowerTime', 'CompileBackendTime')}\n"
               "print(json.dumps([losses, met.counter_value('RolledLoops') or 0,"
-              " met.counter_value('PersistentCacheHit') or 0, met.counter_value('ParamsStacked') or 0]))\n")
+              " met.counter_value('PersistentCacheHit') or 0, met.counter_value('ParamsStacked') or 0, t]))\n")
     env = dict(XLA_PERSISTENT_CACHE_PATH=str(tmp_path / "cache"), LAZYXLA_ROLL_LAYERS="1", LAZYXLA_ROLL_MIN="4",
                LAZYXLA_CACHE_HMAC_KEY_FILE=str(tmp_path / "key"))
-    (l1, rolled1, hit1, stacked1), (l2, rolled2, hit2, _) = json_runs(script, times=2, **env)
+    (l1, rolled1, hit1, stacked1, t1), (l2, rolled2, hit2, _, _) = json_runs(script, times=2, **env)
     unrolled, = json_runs(script, LAZYXLA_ROLL_LAYERS="0")
     assert (stacked1 > 0) == opt.startswith("AdamW")  # each layer's weights, biases, norms: rows of stacks
     assert rolled1 >= 1 and hit1 == 0  # counted once per compile, though the cache was asked first
+    # and the compile's time holds its parts, the roll the cache lookup asked for among them
+    assert t1["CompileTime"] >= sum(v for k, v in t1.items() if k != "CompileTime") > 3e8, t1
     assert hit2 >= 1  # the second process runs the stored rolled program (its workspace given back)
     assert l1 == l2
     assert l1 == pytest.approx(unrolled[0], rel=1e-5)
