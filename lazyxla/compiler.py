@@ -140,7 +140,8 @@ class WorkspaceCall:
 
 def _function(graph, name, count=True):
     """The program's function, its abstract arguments (the parameters', the workspace's
-    (``rolled``), the row indices' (``lowering.row_args``)) and its workspace; in a job
+    (``rolled``), the row indices' (``lowering.row_args``)), its workspace and how many row
+    indices it takes; in a job
     of several processes, the function runs on every process's device under ``shard_map`` with
     the process axis bound (each process's arrays are its own block of a global array that
     claims to be replicated: the body is per-process code, and only the collectives cross
@@ -152,11 +153,11 @@ def _function(graph, name, count=True):
     args = specs(graph) + ws + [ROW_INDEX] * n_rows
     mesh = _per_process_mesh()
     if mesh is None:
-        return fn, args, body, ws
+        return fn, args, body, ws, n_rows
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     fn = jax.shard_map(fn, mesh=mesh, in_specs=tuple(jax.sharding.PartitionSpec() for _ in args),
                        out_specs=jax.sharding.PartitionSpec(), check_vma=False)
-    return fn, [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep) for a in args], body, ws
+    return fn, [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep) for a in args], body, ws, n_rows
 
 
 class ProcessProgram:
@@ -221,11 +222,10 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
     # (rolled before, for a persistent-cache lookup: that time is the compile's too)
     t0 = metrics.now_ns() - (graph.rolled[1] if graph.rolled is not None else 0)
     with _no_cycle_collection():
-        fn, args, body, ws = _function(graph, name)  # rolls the graph's layers (``CompileRollTime``)
+        fn, args, body, ws, n_rows = _function(graph, name)  # rolls the graph's layers (``CompileRollTime``)
         tf = metrics.now_ns()
         try:
             with tupled_parameters(wrap_allowed and len(args) >= WRAP_THRESHOLD):
-                n_rows = len(args) - len(graph.params) - len(ws)
                 donate = tuple(donors) + tuple(range(len(graph.params), len(graph.params) + len(ws)))
                 traced = jax.jit(fn, donate_argnums=donate).trace(*args)  # lazyxla's lowerings run here
                 t1 = metrics.now_ns()
@@ -255,7 +255,7 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
 
 def hlo_text(graph) -> str:
     """The program text of the graph (HLO; StableHLO where JAX offers no HLO text)."""
-    fn, args, _, _ = _function(graph, "IrToHlo", count=False)
+    fn, args, *_ = _function(graph, "IrToHlo", count=False)
     lowered = jax.jit(fn).lower(*args)
     try:
         return lowered.compiler_ir("hlo").as_hlo_text()
