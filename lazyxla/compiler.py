@@ -80,18 +80,19 @@ def _per_process_mesh():
 
 
 def rolled(graph, count=True):
-    """The graph's post-order with its repeated layers rolled (``rolling``; not under SPMD or
-    in a job of several processes) and the workspace its loops' stacked outputs need (abstract
-    values: the program's last arguments and the outputs after its roots, ``WorkspaceCall``).
-    Found once per graph (a persistent-cache lookup asks first, then the compile); ``count``:
-    the metrics count it (not for a program's text, which leaves them unchanged: R10)."""
+    """The graph's post-order with its repeated layers rolled (``rolling``), the workspace its
+    loops' stacked outputs need (abstract values: arguments after the parameters and outputs
+    after the roots, ``WorkspaceCall``) and how many row indices the program takes
+    (``lowering.row_args``). Under SPMD or in a job of several processes: the graph as it is,
+    neither. Found once per graph (a persistent-cache lookup asks first, then the compile);
+    ``count``: the metrics count it (not for a program's text, which leaves them unchanged: R10)."""
     if spmd() or process_mesh() is not None:
-        return graph.post, []
+        return graph.post, [], 0
     if graph.rolled is not None:
         return graph.rolled[0]
     t0 = metrics.now_ns()
     post = rolling.roll(graph.post, graph.roots, count)
-    found = post, [w for n in post if type(n) is rolling.Loop for w in n.workspace()]
+    found = post, [w for n in post if type(n) is rolling.Loop for w in n.workspace()], row_args(post)
     if count:
         graph.rolled = found, metrics.now_ns() - t0
         metrics.metric_add("CompileRollTime", graph.rolled[1], "time")
@@ -101,11 +102,15 @@ def rolled(graph, count=True):
 ROW_INDEX = jax.ShapeDtypeStruct((), "int32")  # a row-index argument's abstract value
 
 
-def rows_taken(post) -> int:
-    """How many row-index arguments the program of this post-order takes
-    (``lowering.row_args``; none under SPMD or in a job of several processes, as nothing rolls
-    there either)."""
-    return 0 if spmd() or process_mesh() is not None else row_args(post)
+def arg_specs(graph, ws, n_rows) -> list:
+    """A program's abstract arguments: its parameters', its workspace's, its row indices'."""
+    return specs(graph) + ws + [ROW_INDEX] * n_rows
+
+
+def with_extras(compiled, graph, ws, n_rows):
+    """``compiled`` as the executor calls it: given its workspace and row indices (a
+    ``WorkspaceCall``) when it takes any."""
+    return WorkspaceCall(compiled, ws, len(graph.roots), n_rows) if ws or n_rows else compiled
 
 
 class WorkspaceCall:
@@ -146,11 +151,10 @@ def _function(graph, name, count=True):
     the process axis bound (each process's arrays are its own block of a global array that
     claims to be replicated: the body is per-process code, and only the collectives cross
     processes)."""
-    post, ws = rolled(graph, count)
-    n_rows = rows_taken(post)
+    post, ws, n_rows = rolled(graph, count)
     body = fn = build_program(post, graph.roots, graph.params, workspace=len(ws), row_args=n_rows)
     fn.__name__ = name
-    args = specs(graph) + ws + [ROW_INDEX] * n_rows
+    args = arg_specs(graph, ws, n_rows)
     mesh = _per_process_mesh()
     if mesh is None:
         return fn, args, body, ws, n_rows
@@ -240,8 +244,7 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
     mesh = _per_process_mesh()
     if mesh is not None:
         compiled = ProcessProgram(compiled, mesh)
-    if ws or n_rows:
-        compiled = WorkspaceCall(compiled, ws, len(graph.roots), n_rows)
+    compiled = with_extras(compiled, graph, ws, n_rows)
     dt = metrics.now_ns() - t0
     metrics.metric_add("CompileTime", dt, "time")
     metrics.metric_add("CompileTraceTime", t1 - tf, "time")

@@ -24,7 +24,7 @@ import sys
 
 from . import dynamic, events, host_reads, metrics, persistent_cache, rng
 from .cache import CachedProgram, computation_cache
-from .compiler import ROW_INDEX, WorkspaceCall, compile_graph, hlo_text, rolled, rows_taken, specs
+from .compiler import WorkspaceCall, arg_specs, compile_graph, hlo_text, rolled, with_extras
 from .config import env_flag
 from .execution import ExecutionError, raise_failed_checks, resolve, run, wait_device_ops  # noqa: F401  (wait_device_ops: API)
 from .collect import Graph
@@ -194,12 +194,11 @@ def _load_persistent(graph, trace, donors):
     pcache = persistent_cache.get_cache()
     if pcache is None or process_mesh() is not None:  # a job's programs span its processes: not kept
         return None
-    post, ws = rolled(graph)  # a program with rolled loops takes and gives back their workspace
-    n_rows = rows_taken(post)   # and one reading rows of device data takes their indices
-    got = pcache.load_checked(trace.key, specs(graph) + ws + [ROW_INDEX] * n_rows, len(graph.roots) + len(ws))
+    _, ws, n_rows = rolled(graph)  # a program with rolled loops takes and gives back their workspace
+    got = pcache.load_checked(trace.key, arg_specs(graph, ws, n_rows), len(graph.roots) + len(ws))
     if got is None:
         return None
-    fn = WorkspaceCall(got[0], ws, len(graph.roots), n_rows) if ws or n_rows else got[0]
+    fn = with_extras(got[0], graph, ws, n_rows)
     return CachedProgram(fn, trace.key, trace, len(graph.params), len(graph.roots), graph.n_ops, 0,
                          tuple(donors), extra={"persistent": True}, checks=got[1])
 

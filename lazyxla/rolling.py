@@ -33,6 +33,7 @@ from . import metrics
 from .config import env_flag, env_int
 from .ir import fmt_where
 from .lowering.rolled import lower_loop
+from .lowering.program import selects_data
 from .signature import op_info
 from .xla import jnp_dtype
 
@@ -358,7 +359,7 @@ def _stack_row(x):
     a row of a stack, ``param_stacks``). Each iteration's is another row, so it is read from
     outside as a row of that input, and the loop takes the rows as one slice of the stack
     (``program.stack_rows``), never as a kernel per row."""
-    return x.sig.op == "aten::select.int" and x.operands[0][0].data is not None
+    return selects_data(x)
 
 
 def _leaf_view(x):

@@ -124,3 +124,26 @@ def lazy_then_replayed(model, opt, x, lazy=2, replayed=4):
     for _ in range(replayed):
         run(x)
     lazyxla.sync()
+
+
+def torch_compiled_losses(model, opt, x, steps=4):
+    """The losses of ``steps`` training steps of ``model`` on ``x`` (a squared-output loss),
+    the step run through ``torch.compile(backend="lazyxla")`` on the lazy device, as it is on
+    the CPU (the reference)."""
+    import lazyxla
+
+    def step():
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    lazy = x.device.type != "cpu"
+    run = torch.compile(step, backend="lazyxla") if lazy else step
+    losses = []
+    for _ in range(steps):
+        losses.append(float(run().detach()))
+        if lazy:
+            lazyxla.sync()
+    return losses

@@ -8,7 +8,7 @@ import torch.nn as nn
 
 import lazyxla
 from lazyxla import optimizer_counts, optimizer_stacks
-from lazyhelp import cnt, lazy_then_replayed
+from lazyhelp import cnt, lazy_then_replayed, torch_compiled_losses
 
 DEV = lazyxla.device()
 pytestmark = pytest.mark.usefixtures("nothing_pending")
@@ -180,21 +180,7 @@ def test_a_torch_compiled_step_counts_and_updates_like_eager():
         model = model_on(dev)
         x = torch.randn(4, 6).to(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-
-        def step():
-            loss = model(x).pow(2).mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss
-
-        run = torch.compile(step, backend="lazyxla") if dev != "cpu" else step
-        losses = []
-        for _ in range(4):
-            losses.append(float(run()))
-            if dev != "cpu":
-                lazyxla.sync()
-        return losses, model, opt
+        return torch_compiled_losses(model, opt, x), model, opt
 
     torch._dynamo.reset()
     want_losses, want_model, want_opt = compiled("cpu")

@@ -11,7 +11,7 @@ import torch.nn as nn
 import lazyxla
 from lazyxla import param_stacks, rolling
 from lazyxla.cache import computation_cache
-from lazyhelp import cnt, distinct_kernels, last_program_text, lazy_then_replayed
+from lazyhelp import cnt, distinct_kernels, last_program_text, lazy_then_replayed, torch_compiled_losses
 
 DEV = lazyxla.device()
 pytestmark = pytest.mark.usefixtures("nothing_pending")
@@ -254,22 +254,7 @@ def test_a_torch_compiled_step_updates_stacked_parameters_as_eager():
     def compiled(dev):
         model = model_on(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-        x = X.to(dev)
-
-        def step():
-            loss = model(x).pow(2).mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss
-
-        run = torch.compile(step, backend="lazyxla") if dev != "cpu" else step
-        losses = []
-        for _ in range(4):
-            losses.append(float(run().detach()))
-            if dev != "cpu":
-                lazyxla.sync()
-        return losses, model
+        return torch_compiled_losses(model, opt, X.to(dev)), model
 
     torch._dynamo.reset()
     want = compiled("cpu")

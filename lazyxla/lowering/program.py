@@ -124,8 +124,8 @@ def build_program(post, roots, params, checked=True, workspace=0, row_args=0):
             _checks = []
         mine = _checks is not outer
         if was_trace is None:  # the outermost program of this trace (a region's runs inside it)
-            _trace = _Trace(arrays[len(params):len(params) + workspace])
-            _trace.row_index = arrays[len(params) + workspace:len(params) + workspace + row_args]
+            n = len(params) + workspace
+            _trace = _Trace(arrays[len(params):n], arrays[n:n + row_args])
         try:
             env = {id(p): (a,) for p, a in zip(params, arrays)}
             for n in ops:
@@ -161,11 +161,11 @@ class _Trace:
 
     __slots__ = ("workspace", "workspace_out", "rows", "row_index")
 
-    def __init__(self, workspace):
+    def __init__(self, workspace, row_index=()):
         self.workspace = list(workspace)
         self.workspace_out = []
         self.rows = {}  # id(array) -> (array, stack, row)
-        self.row_index = ()  # the row-index arguments: row k's index is row_index[k]
+        self.row_index = row_index  # the row-index arguments: row k's index is row_index[k]
 
 
 _trace = None  # the outermost program being traced, or None
@@ -202,18 +202,21 @@ def note_row(array, stack, k):
 ROW_ARGS_MAX = 1024  # data with more rows (a table, a batch) keeps constant rows
 
 
+def selects_data(x) -> bool:
+    """Whether node ``x`` selects from device data (``select(data, dim, index)``): a row of a
+    stacked parameter, read in a loop (``rolling``) or outside one (``read_row``)."""
+    return x.sig.op == "aten::select.int" and x.operands[0][0].data is not None
+
+
 def row_args(post) -> int:
     """How many row-index arguments a program of this post-order takes: one past the largest
     row of device data (of at most ``ROW_ARGS_MAX`` rows) that a node selects."""
     n = 0
     for x in post:
-        if type(x) is not Node or x.sig.op != "aten::select.int":
-            continue
-        leaf = x.operands[0][0]
-        if leaf.data is None:
+        if type(x) is not Node or not selects_data(x):
             continue
         targs = x.sig.template[0]  # (x, dim, index); a dynamic program's index may be a symbol
-        shape = leaf.sig.outs[0].shape
+        shape = x.operands[0][0].sig.outs[0].shape
         if len(targs) == 3 and type(targs[1]) is int and type(targs[2]) is int and shape \
                 and 1 < shape[0] <= ROW_ARGS_MAX and targs[1] % len(shape) == 0:
             n = max(n, targs[2] % shape[0] + 1)
@@ -224,7 +227,7 @@ def read_row(x, k):
     """Row ``k`` of ``x`` (noted for ``stack_rows``): at the program's row-index argument when
     the node being lowered reads it from device data and the program has one, else at a constant."""
     t, n = _trace, _node
-    if t is not None and k < len(t.row_index) and n is not None and n.operands and n.operands[0][0].data is not None:
+    if t is not None and k < len(t.row_index) and n is not None and selects_data(n):
         v = jax.lax.dynamic_index_in_dim(x, t.row_index[k], 0, keepdims=False)
     else:
         v = jax.lax.index_in_dim(x, k, 0, keepdims=False)
