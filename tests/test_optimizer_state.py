@@ -46,7 +46,9 @@ def test_off_it_compiles_two_and_the_values_are_the_same(monkeypatch):
     assert [c - before for c in compiles] == [1, 2, 2]  # torch_xla's count: the state's program, then the steady one
     monkeypatch.setattr(optimizer_state, "ENABLED", True)
     on, _, _, _ = train(make, 31)
-    assert on == off
+    # two programs of other structure: XLA may fold the first step's zero moments differently,
+    # so the losses agree to float32's rounding (they differ in the last bit on some CPUs), not bit for bit
+    torch.testing.assert_close(torch.tensor(on), torch.tensor(off), rtol=1e-6, atol=0)
 
 
 def test_a_first_step_that_raises_leaves_the_factories_recorded_again():
