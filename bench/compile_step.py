@@ -84,7 +84,8 @@ def host_breakdown(n=200):
     around them (Dynamo's frames and guards, AOTAutograd's wrappers, the optimizer's Python),
     then ``sync()`` (of which JAX's call of the program), then the program still running."""
     import lazyxla
-    from lazyxla import capture, execution
+    from lazyxla.regions import region as capture
+    from lazyxla.run import execution
     spent = {"region": 0.0, "jax call": 0.0}
 
     region_call, jax_run = capture.Region.__call__, execution.run
@@ -97,7 +98,7 @@ def host_breakdown(n=200):
             lazyxla.sync()
         lazyxla.wait_device_ops()
         capture.Region.__call__ = timed(spent, "region", region_call)
-        import lazyxla.executor as executor
+        import lazyxla.engine.executor as executor
         executor.run = timed(spent, "jax call", jax_run)
         try:
             rows = []
@@ -124,7 +125,7 @@ def first_call(kind):
     """Seconds of the first step (trace + compile + run), from a fresh model and an empty
     in-memory compilation cache."""
     lazyxla, (model, opt, x, y) = _lazy_setup()
-    from lazyxla.cache import computation_cache
+    from lazyxla.compiler.cache import computation_cache
     computation_cache().clear()
     torch._dynamo.reset()
     if kind == "compiled":

@@ -93,7 +93,7 @@ def run_lazy(tokens, replay):
 
 def direct_loop(each, ids, pos, tokens):
     """The replayed step's own compiled program called through JAX, outputs fed back: ms per token."""
-    from lazyxla.execution import resolve
+    from lazyxla.run.execution import resolve
     import jax
     sig = next(s for s in each._sigs.values() if s.binding is not None)
     b = sig.binding

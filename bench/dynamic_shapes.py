@@ -60,8 +60,9 @@ def _step(m, opt, x, mask, y):
 
 def step_bench(length, steps, repeats):
     import lazyxla
-    from lazyxla import dynamic, executor
-    from lazyxla.cache import computation_cache
+    from lazyxla import dynamic
+    from lazyxla.engine import executor
+    from lazyxla.compiler.cache import computation_cache
     dev = lazyxla.device()
     batch = [t.to(dev) for t in _batch(length)]
 

@@ -21,8 +21,9 @@ _depth = [0]
 def install():
     from torch._dynamo import trace_rules
 
-    from lazyxla import capture, executor
-    from lazyxla.tensor import LazyTensor
+    from lazyxla.regions import region as capture
+    from lazyxla.engine import executor
+    from lazyxla.frontend.tensor import LazyTensor
     trace_rules.add(__name__)
     region_call, dispatch, run = capture.Region.__call__, LazyTensor.__torch_dispatch__.__func__, executor.run
 

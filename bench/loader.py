@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lazyxla
-from lazyxla import executor
+from lazyxla.engine import executor
 from lazyxla.data import DeviceLoader
 
 

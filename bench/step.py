@@ -149,7 +149,7 @@ def sync_phases(n):
     """Each step waited for: (tracing ms, sync ms, {sync phase: ms}) per step, medians. The
     phases are the executor's own steps, timed by wrapping them where sync looks them up."""
     import lazyxla
-    from lazyxla import executor
+    from lazyxla.engine import executor
     state = setup(lazyxla.device())
     spent = {}
     saved = {name: getattr(executor, name) for name, _ in SYNC_PHASES}
@@ -180,7 +180,7 @@ def first_sight_and_warm_sync(n):
     warm sync ms): the in-memory cache is emptied first, so the first sync lowers and compiles."""
     import lazyxla
     import lazyxla.debug.metrics as met
-    from lazyxla.cache import computation_cache
+    from lazyxla.compiler.cache import computation_cache
     state = setup(lazyxla.device())
     train_step(*state)
     lazyxla.sync()

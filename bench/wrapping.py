@@ -16,7 +16,7 @@ import textwrap
 CHILD = """
 import time, torch, jax, lazyxla
 from lazyxla import execution, executor
-from lazyxla.cache import computation_cache
+from lazyxla.compiler.cache import computation_cache
 d = lazyxla.device()
 ts = [torch.full((4,), float(i)).to(d) for i in range({n})]
 total = ts[0] * 1

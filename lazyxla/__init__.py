@@ -17,32 +17,32 @@ from __future__ import annotations
 
 import gc as _gc
 
-from . import autocast as _autocast
-from . import closures as _closures
+from .frontend import autocast as _autocast
+from .engine import closures as _closures
 from . import data, debug, events as _events, experimental, hf, progress  # noqa: F401  (public submodules)
-from . import executor as _executor
-from . import kernels as _kernels
+from .engine import executor as _executor
+from .frontend import kernels as _kernels
 from . import rng as _rng
-from . import storage as _storage
+from .run import storage as _storage
 from . import metrics as _metrics
-from . import optimizer_state as _optimizer_state
-from . import optimizer_fused as _optimizer_fused
-from . import optimizer_counts as _optimizer_counts
-from . import optimizer_stacks as _optimizer_stacks
-from . import param_stacks as _param_stacks
-from . import optimizer_sgd as _optimizer_sgd
-from . import running_stats as _running_stats
-from . import hf_masks as _hf_masks
-from .closures import add_step_closure
-from .compiled_step import compile, step  # noqa: A004 - torch_xla's names; torch.compile is another thing
-from .replay import Graph, graph, make_graphed_callables
-from .scan import scan, scan_layers
+from .optim import state as _optimizer_state
+from .optim import fused as _optimizer_fused
+from .optim import counts as _optimizer_counts
+from .optim import adam as _optimizer_stacks
+from .optim import param_stacks as _param_stacks
+from .optim import sgd as _optimizer_sgd
+from .optim import running_stats as _running_stats
+from .hf import masks as _hf_masks
+from .engine.closures import add_step_closure
+from .replay.compiled_step import compile, step  # noqa: A004 - torch_xla's names; torch.compile is another thing
+from .replay.graphs import Graph, graph, make_graphed_callables
+from .regions.scan import scan, scan_layers
 from .config import __version__, env_flag as _env_flag
-from .device import device
+from .frontend.device import device
 from . import dynamic as _dynamic
-from .execution import ExecutionError
+from .run.execution import ExecutionError
 from .errors import LazyXlaError
-from .tensor import LazyTensor
+from .frontend.tensor import LazyTensor
 from .distributed import c10d as _c10d
 
 _kernels.register()

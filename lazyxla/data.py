@@ -23,10 +23,11 @@ import threading
 import torch
 from torch.utils._pytree import tree_map
 
-from . import executor, xla
+from .engine import executor
+from .backend import xla
 from .ir import TensorMeta
-from .storage import device_data
-from .tensor import LazyTensor
+from .run.storage import device_data
+from .frontend.tensor import LazyTensor
 
 __all__ = ["DeviceLoader", "SampleGenerator", "send_to_device"]
 

@@ -43,8 +43,8 @@ from .config import env_str
 from .hashing import encode, fold
 from .ir import DEVICE_DATA, Node, OpSig, Slot, TensorMeta, fmt_where
 from .lowering import padding
-from .storage import from_host
-from .xla import leading, pad_zeros, scalar_array
+from .run.storage import from_host
+from .backend.xla import leading, pad_zeros, scalar_array
 
 MAX_SAMPLES = 8  # integer vectors kept per family to find a variable in
 

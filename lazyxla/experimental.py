@@ -1,11 +1,11 @@
-"""``lazyxla.experimental``: eager mode (``eager_mode(True)``: each op runs at once; see ``lazyxla.eager``).
+"""``lazyxla.experimental``: eager mode (``eager_mode(True)``: each op runs at once; see ``lazyxla.engine.eager``).
 
 ``eager_mode(enable)`` switches it, ``is_eager_mode()`` says whether it is on (torch_xla's
 ``torch_xla.experimental.eager_mode`` and ``is_eager_mode``). May touch: eager mode's switch.
 """
 from __future__ import annotations
 
-from . import eager
+from .engine import eager
 
 __all__ = ["eager_mode", "is_eager_mode"]
 

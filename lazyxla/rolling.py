@@ -34,8 +34,8 @@ from .config import env_flag, env_int
 from .ir import fmt_where
 from .lowering.rolled import lower_loop
 from .lowering.program import selects_data
-from .signature import op_info
-from .xla import jnp_dtype
+from .frontend.signature import op_info
+from .backend.xla import jnp_dtype
 
 ENABLED = env_flag("LAZYXLA_ROLL_LAYERS", True)
 MIN_ITERATIONS = env_int("LAZYXLA_ROLL_MIN", 20)

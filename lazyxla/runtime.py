@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import jax
 
-from . import rng, storage, xla
+from . import rng
+from .run import storage
+from .backend import xla
 from .distributed import world as _world
 from .errors import LazyXlaError
-from .persistent_cache import initialize_cache
+from .compiler.persistent_cache import initialize_cache
 
 __all__ = ["initialize_cache", "global_runtime_device_count", "use_spmd", "is_spmd", "world_size",
            "global_ordinal", "local_ordinal", "device_type"]

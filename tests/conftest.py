@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import lazyxla
-from lazyxla.storage import pending
+from lazyxla.run.storage import pending
 from lazyhelp import config_changes, torch_config
 
 

@@ -101,7 +101,7 @@ def distinct_kernels(text: str) -> int:
 
 def last_program_text() -> str:
     """The optimized HLO of the program compiled or run last."""
-    from lazyxla.cache import computation_cache
+    from lazyxla.compiler.cache import computation_cache
     return computation_cache().values()[-1].executable.as_text()
 
 

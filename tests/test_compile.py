@@ -32,7 +32,7 @@ def fresh_dynamo():
 
 def test_both_backends_resolve_by_name():
     from torch._dynamo.backends.registry import list_backends, lookup_backend
-    import lazyxla.backends as be
+    import lazyxla.regions.torch_compile as be
     assert {"lazyxla", "lazyxla_eval"} <= set(list_backends())
     assert lookup_backend("lazyxla") is be.lazyxla
     assert lookup_backend("lazyxla_eval") is be.lazyxla_eval
@@ -157,7 +157,7 @@ def test_a_region_is_traced_once_and_found_by_its_hash_every_call():
 
 
 def test_an_evicted_program_is_compiled_again_and_counted():
-    from lazyxla import cache
+    from lazyxla.compiler import cache
     lru = cache.computation_cache()
     old = lru.capacity
     m = nn.Linear(4, 4).to(DEV)

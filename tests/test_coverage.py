@@ -5,7 +5,7 @@ import torch
 
 import lazyxla
 import lazyxla.debug.metrics as met
-from lazyxla import coverage
+from lazyxla.tools import coverage
 
 aten = torch.ops.aten
 
@@ -101,7 +101,7 @@ TOTALS = (r"^opinfo: (\d+) ops, (\d+) ok, (\d+) fallback \((\d+\.\d)%\), (\d+) w
 
 def test_opinfo_runner_classifies_what_a_user_sees():
     import re
-    from lazyxla import opinfo_check
+    from lazyxla.tools import opinfo_check
     results, excluded = opinfo_check.run(["add", "mm", "nonzero", "equal", "bernoulli"])
     by = {r.name: r for r in results}
     assert sorted(by) == ["add", "equal", "mm", "nonzero"]
@@ -133,7 +133,7 @@ class _FakeOpInfo:
 
 def test_opinfo_runner_wrong_error_no_sample_and_time_limit():
     import time
-    from lazyxla import opinfo_check
+    from lazyxla.tools import opinfo_check
 
     def differs(x):  # a different value on the lazy device: wrong
         return x + (1.0 if x.device.type != "cpu" else 0.0)

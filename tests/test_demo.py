@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from lazyxla import demo
+from lazyxla.tools import demo
 
 
 def test_demo_learns_and_stops_compiling():

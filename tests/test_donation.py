@@ -9,7 +9,7 @@ import torch
 import lazyxla
 import lazyxla.debug as debug
 import lazyxla.debug.metrics as met
-from lazyxla.cache import computation_cache
+from lazyxla.compiler.cache import computation_cache
 
 DEV = lazyxla.device()
 pytestmark = pytest.mark.usefixtures("exact_shapes")  # compile counts of fresh sizes: one program per shape

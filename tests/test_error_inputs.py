@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 
 import lazyxla
-from lazyxla import rng, storage
+from lazyxla import rng
+from lazyxla.run import storage
 
 DEV = lazyxla.device()
 HERE = os.path.basename(__file__)

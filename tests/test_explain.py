@@ -215,8 +215,8 @@ def test_every_op_of_a_training_step_keeps_the_users_line():
     """Each recorded node of a step (forward, autograd's backward, the optimizer's update) names
     the user's line that caused it: what explanations and the fold page show. A tracer that
     captured lines lazily or skipped them would fail here."""
-    from lazyxla.collect import Graph
-    from lazyxla.storage import pending
+    from lazyxla.keys.collect import Graph
+    from lazyxla.run.storage import pending
     settle()
     D = lazyxla.device()
     torch.manual_seed(0)

@@ -13,7 +13,7 @@ import torch
 
 import lazyxla
 import lazyxla.debug.metrics as met
-from lazyxla.signature import LazyXlaError
+from lazyxla.frontend.signature import LazyXlaError
 
 DEV = lazyxla.device()
 F32 = dict(rtol=1e-4, atol=1e-4)

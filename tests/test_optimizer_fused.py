@@ -6,9 +6,9 @@ import torch
 import torch.nn as nn
 
 import lazyxla
-from lazyxla import optimizer_fused
-from lazyxla.collect import Graph
-from lazyxla.storage import pending
+from lazyxla.optim import fused as optimizer_fused
+from lazyxla.keys.collect import Graph
+from lazyxla.run.storage import pending
 from lazyhelp import cnt, train
 
 DEV = lazyxla.device()
@@ -80,7 +80,7 @@ def test_a_fused_step_updates_parameters_and_moments_in_place_without_copies():
     """Each parameter and moment is written over its own donated buffer: the program keeps no
     copy of any (a moment read through a reshape once made XLA copy every one: a step held
     temporaries as large as the moments)."""
-    from lazyxla.cache import computation_cache
+    from lazyxla.compiler.cache import computation_cache
 
     torch.manual_seed(0)
     dev = lazyxla.device()

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 import lazyxla
-from lazyxla import optimizer_counts, optimizer_stacks
+from lazyxla.optim import counts as optimizer_counts, adam as optimizer_stacks
 from lazyhelp import cnt, lazy_then_replayed, torch_compiled_losses
 
 DEV = lazyxla.device()

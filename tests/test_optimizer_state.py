@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import lazyxla
-from lazyxla import optimizer_state
+from lazyxla.optim import state as optimizer_state
 from lazyhelp import cnt, train
 
 DEV = lazyxla.device()

@@ -150,7 +150,7 @@ def test_batch_norm_saved_statistics_have_eager_shapes():
 # -- 5. explanations claim only what they checked --------------------------------------------
 @pytest.mark.parametrize("state_as_data", [False, True])  # the isnan read compiles in the first
 def test_explanations_of_a_read_after_a_step_and_the_next_step_are_exact(state_as_data, monkeypatch):
-    from lazyxla import optimizer_state
+    from lazyxla.optim import state as optimizer_state
     monkeypatch.setattr(optimizer_state, "ENABLED", state_as_data)
     torch.manual_seed(0)
     width = 16 if state_as_data else 17  # each its own programs

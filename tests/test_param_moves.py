@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lazyxla
-from lazyxla import param_moves
+from lazyxla.frontend import param_moves
 from lazyhelp import cnt
 
 DEV = lazyxla.device()

@@ -9,8 +9,9 @@ import torch
 import torch.nn as nn
 
 import lazyxla
-from lazyxla import param_stacks, rolling
-from lazyxla.cache import computation_cache
+from lazyxla.optim import param_stacks
+from lazyxla import rolling
+from lazyxla.compiler.cache import computation_cache
 from lazyhelp import cnt, distinct_kernels, last_program_text, lazy_then_replayed, torch_compiled_losses
 
 DEV = lazyxla.device()

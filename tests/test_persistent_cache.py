@@ -1,4 +1,4 @@
-"""R7: the persistent compilation cache (lazyxla.persistent_cache), driven directly with small
+"""R7: the persistent compilation cache (lazyxla.compiler.persistent_cache), driven directly with small
 JAX programs and fixed keys; several tests run real subprocesses (second process loads, a writer
 killed mid-write, concurrent writers, the ``lazyxla cache`` command line)."""
 import json
@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from lazyxla import files, metrics
-import lazyxla.persistent_cache as pc
-from lazyxla.persistent_cache import store
+import lazyxla.compiler.persistent_cache as pc
+from lazyxla.compiler.persistent_cache import store
 
 SPECS = [jax.ShapeDtypeStruct((8,), jnp.float32), jax.ShapeDtypeStruct((8,), jnp.float32)]
 KEY = bytes.fromhex("0123456789abcdef0123456789abcdef")
@@ -92,8 +92,8 @@ CHILD = textwrap.dedent('''
     import json, os, sys, time
     import lazyxla
     import jax, jax.numpy as jnp
-    import lazyxla.persistent_cache as pc
-    from lazyxla.persistent_cache import store
+    import lazyxla.compiler.persistent_cache as pc
+    from lazyxla.compiler.persistent_cache import store
     from lazyxla import metrics
 
     mode, path = sys.argv[1], sys.argv[2]
@@ -652,7 +652,7 @@ def test_signature_checks_are_remembered_signed_and_cleared(cdir):
 def test_first_sight_of_a_signature_skips_a_remembered_lowering_check(cdir, monkeypatch):
     """With the persistent cache on, a new process's first step does not trace lowerings that
     an earlier process checked; a new signature is still checked (and then remembered)."""
-    from lazyxla import signature, tensor
+    from lazyxla.frontend import signature, tensor
     monkeypatch.setenv("XLA_PERSISTENT_CACHE_PATH", cdir)
     pc._reset_for_tests()
     traced = []

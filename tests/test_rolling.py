@@ -9,7 +9,7 @@ import torch
 import lazyxla
 import lazyxla.debug.metrics as met
 from lazyxla import rolling
-from lazyxla.cache import computation_cache
+from lazyxla.compiler.cache import computation_cache
 
 pytestmark = pytest.mark.usefixtures("nothing_pending")
 

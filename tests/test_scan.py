@@ -136,7 +136,8 @@ def test_scan_layers_compiles_as_many_distinct_kernels_at_depth_32_as_at_depth_2
     distinct kernels at depths 2, 4, 8, 16, 32.) With the layers' parameters kept as rows of
     stacks (``param_stacks``, for deep models), ``scan_layers`` takes each stack as it is (a
     stack of its rows, a slice each, was 139 distinct kernels at depth 32 against 77)."""
-    from lazyxla import param_stacks, rolling
+    from lazyxla.optim import param_stacks
+    from lazyxla import rolling
     monkeypatch.setattr(param_stacks, "ENABLED", stacked)
     monkeypatch.setattr(rolling, "MIN_ITERATIONS", 2)
     got = {}

@@ -27,7 +27,8 @@ import lazyxla
 import lazyxla.debug.metrics as met
 import lazyxla.distributed as xd
 import lazyxla.runtime as xr
-from lazyxla import closures, progress
+from lazyxla.engine import closures
+from lazyxla import progress
 from lazyxla.data import DeviceLoader, SampleGenerator
 
 D = lazyxla.device()

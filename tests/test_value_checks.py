@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import lazyxla
-from lazyxla import execution
+from lazyxla.run import execution
 from lazyhelp import json_runs
 
 DEV = lazyxla.device()
@@ -241,7 +241,7 @@ def test_a_training_step_with_checks_gives_eager_numbers():
 
 def test_the_checks_are_on_by_default_and_listed_in_the_program():
     from lazyxla.debug import last_fold  # noqa: F401
-    from lazyxla.cache import computation_cache
+    from lazyxla.compiler.cache import computation_cache
     x = torch.randn(7, 2).to(DEV)
     y = torch.index_select(x, 0, torch.tensor([6, 0]).to(DEV)).sum()
     lazyxla.sync()

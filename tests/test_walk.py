@@ -114,10 +114,10 @@ def test_every_stage_names_its_function_and_working_line():
         assert stage.marks in lines[src["mark"] - 1], (stage.name, lines[src["mark"] - 1])
         assert lines[src["start"] - 1].lstrip().startswith("def " + stage.function.split(".")[-1])
         assert src["source"] == f"{src['file']}:{src['mark']}"
-    moved = walk.Stage("lookup", "t", "lazyxla.executor", "lookup", "a line that is not there", "w")
-    with pytest.raises(walk.WalkSourceError, match="lazyxla.executor.lookup has no line"):
+    moved = walk.Stage("lookup", "t", "lazyxla.engine.executor", "lookup", "a line that is not there", "w")
+    with pytest.raises(walk.WalkSourceError, match="lazyxla.engine.executor.lookup has no line"):
         walk.stage_source(moved)
-    gone = walk.Stage("lookup", "t", "lazyxla.executor", "no_such_function", "x", "w")
+    gone = walk.Stage("lookup", "t", "lazyxla.engine.executor", "no_such_function", "x", "w")
     with pytest.raises(walk.WalkSourceError, match="no_such_function"):
         walk.stage_source(gone)
 
@@ -295,14 +295,14 @@ def test_a_compile_that_raises_is_a_failed_lookup(capsys):
     before the compile and says the compile raised."""
     import torch
     import lazyxla
-    from lazyxla import compiler
+    from lazyxla.compiler import compile as compiler
 
     w = walk.Walker().start()
     real = compiler.compile_graph
     try:
         def refuse(*a, **k):
             raise lazyxla.ExecutionError("lazyxla: could not compile graph: XlaRuntimeError: out of memory")
-        import lazyxla.executor as ex
+        import lazyxla.engine.executor as ex
         ex.compile_graph = refuse
         t = torch.full((7,), 3.0, device=lazyxla.device()) * 5
         with pytest.raises(lazyxla.ExecutionError, match="out of memory"):

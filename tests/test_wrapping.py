@@ -8,7 +8,7 @@ import textwrap
 def run(threshold):
     code = """
         import torch, lazyxla
-        from lazyxla.cache import computation_cache
+        from lazyxla.compiler.cache import computation_cache
         import lazyxla.debug.metrics as met
         d = lazyxla.device()
         ts = [torch.full((3,), float(i)).to(d) for i in range(12)]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from .. import coverage, demo
+from ..tools import coverage, demo
 from . import cache, explain, run
 
 

@@ -4,7 +4,7 @@ PATH defaults to ``$XLA_PERSISTENT_CACHE_PATH``. ``ls`` lists the entries (key, 
 use, program), ``stats`` prints the totals, ``clear`` deletes every entry and temp file (nothing
 else in the directory). ``ls`` and ``stats`` open the cache read-only.
 
-May touch: the cache directory (``clear`` only) and, through ``lazyxla.persistent_cache``, the
+May touch: the cache directory (``clear`` only) and, through ``lazyxla.compiler.persistent_cache``, the
 HMAC key file when ``clear`` opens the cache; reads the environment for the defaults.
 """
 from __future__ import annotations
@@ -16,8 +16,7 @@ import time
 
 from ..config import env_str
 from ..metrics import format_bytes
-from ..persistent_cache import (ENV_MAX_BYTES, ENV_PATH, PersistentCache, PersistentCacheError,
-                                max_bytes_from_env)
+from ..compiler.persistent_cache import ENV_MAX_BYTES, ENV_PATH, PersistentCache, PersistentCacheError, max_bytes_from_env
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

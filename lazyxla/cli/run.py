@@ -17,7 +17,8 @@ import argparse
 import os
 import sys
 
-from .. import closures, compat
+from ..engine import closures
+from .. import compat
 from ..config import env_str
 from .script import run_script
 

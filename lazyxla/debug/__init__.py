@@ -16,7 +16,7 @@ May touch: its subscribers' state; reads the compilation cache.
 from __future__ import annotations
 
 from .. import events
-from ..cache import computation_cache
+from ..compiler.cache import computation_cache
 from . import explain, metrics, report  # noqa: F401  (metrics: lazyxla.debug.metrics)
 
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from .. import persistent_cache, rolling
+from ..compiler import persistent_cache
+from .. import rolling
 from ..config import env_flag
 from ..dynamic import describe
-from ..graph_hash import SITES, FoldTrace, Step
+from ..keys.graph_hash import SITES, FoldTrace, Step
 from ..ir import fmt_where, post_order, skeleton
 
 EXPLAIN = env_flag("LAZYXLA_EXPLAIN_RECOMPILES", False)

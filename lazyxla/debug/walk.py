@@ -37,16 +37,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import events, metrics, persistent_cache, rng, storage
-from ..cache import computation_cache
-from ..compiler import WRAP_THRESHOLD, hlo_text
+from .. import events, metrics
+from ..compiler import persistent_cache
+from .. import rng
+from ..run import storage
+from ..compiler.cache import computation_cache
+from ..compiler.compile import WRAP_THRESHOLD, hlo_text
 from ..config import env_str
-from ..execution import Placeholder
-from ..executor import PARAM_ALIASING, buffer_donors
-from ..graph_hash import SITES
+from ..run.execution import Placeholder
+from ..engine.executor import PARAM_ALIASING, buffer_donors
+from ..keys.graph_hash import SITES
 from ..ir import fmt_where, resolve_site, user_site
-from ..storage import SHARDING_OP
-from ..xla import auto_sharding
+from ..run.storage import SHARDING_OP
+from ..backend.xla import auto_sharding
 from . import explain
 
 ORDER = ("cache", "arena", "rng", "hash", "lookup", "donation", "lowering", "execute")
@@ -62,19 +65,19 @@ class WalkSourceError(RuntimeError):
 class Stage:
     name: str
     title: str
-    module: str    # "lazyxla.cache"
+    module: str    # "lazyxla.compiler.cache"
     function: str  # the function's qualified name in the module
     marks: str     # a piece of the line that does the work (its first line with it is marked)
     what: str      # what the stage does, in one sentence
 
 
 STAGES = (
-    Stage("cache", "The compilation cache", "lazyxla.cache", "computation_cache",
+    Stage("cache", "The compilation cache", "lazyxla.compiler.cache", "computation_cache",
           'env_int("XLA_COMPILATION_CACHE_SIZE"',
           "Compiled programs are kept in one LRU, sized once by XLA_COMPILATION_CACHE_SIZE (default 2048); "
           "XLA_PERSISTENT_CACHE_PATH adds a directory that outlives the process, "
           "XLA_PERSISTENT_CACHE_READ_ONLY stops it being written."),
-    Stage("arena", "The arena of live tensors", "lazyxla.storage", "pending",
+    Stage("arena", "The arena of live tensors", "lazyxla.run.storage", "pending",
           "if st.data is None:",
           "A sync takes every live tensor whose storage still holds pending IR, in the order the tensors were "
           "made; a value read takes only the tensors read."),
@@ -83,25 +86,25 @@ STAGES = (
           "Each random op extends a chain seed' = 2531011 + 214013 * seed in IR from one device-data seed, so "
           "the program depends on how many random ops it has, never on the seed's value; each sync moves the "
           "host seed on (seed' = 1012031 + seed * 7012063 mod 2^64)."),
-    Stage("hash", "The graph hash: six merge sites", "lazyxla.graph_hash", "compute",
+    Stage("hash", "The graph hash: six merge sites", "lazyxla.keys.graph_hash", "compute",
           "h = ingredient if h is None else merge(h, ingredient)",
           "The key is folded from force_ltc_data, the environment, each synced tensor's root hash, the "
           "parameter sequence, the donated indices (when any) and the auto-sharding flag, in that order; a "
           "change at any merge changes every digest after it."),
-    Stage("lookup", "The lookup: compile or reuse", "lazyxla.executor", "lookup",
+    Stage("lookup", "The lookup: compile or reuse", "lazyxla.engine.executor", "lookup",
           'metrics.counter_inc("UncachedCompile")',
           "The key is looked up in memory, then in the persistent cache; a miss compiles (UncachedCompile), "
           "a hit reuses (CachedCompile)."),
-    Stage("donation", "Buffer donation and its one safe condition", "lazyxla.executor", "buffer_donors",
+    Stage("donation", "Buffer donation and its one safe condition", "lazyxla.engine.executor", "buffer_donors",
           "id(st) in synced_ids",
           "Only at a step barrier (a sync: force_ltc_data true) may an input buffer be donated, and only one "
           "whose tensor is also written by this very program (or that the user marked): nothing can read the "
           "old buffer afterwards."),
-    Stage("lowering", "Lowering: the program, its shardings, parameter wrapping", "lazyxla.compiler",
+    Stage("lowering", "Lowering: the program, its shardings, parameter wrapping", "lazyxla.compiler.compile",
           "compile_graph", "tupled_parameters(wrap_allowed and len(args) >= WRAP_THRESHOLD)",
           "The post-order becomes one XLA program through jax.jit; parameters are passed as one tuple at or "
           "above XLA_PARAMETER_WRAPPING_THREADSHOLD (3200); sharding annotations ride on the values."),
-    Stage("execute", "Execute: the one call that costs the time", "lazyxla.execution", "run",
+    Stage("execute", "Execute: the one call that costs the time", "lazyxla.run.execution", "run",
           "outs = executable(*args)",
           "The program is called on the parameters' buffers; its outputs become the synced tensors' device "
           "data (a sync) or the values read (a read)."),

@@ -128,7 +128,7 @@ def _create_backend(store, rank, size, timeout):
 def register():
     if not torch.distributed.is_available():
         return
-    from ..ops import SPECIAL
+    from ..frontend.ops import SPECIAL
     c10d = torch.ops.c10d
     SPECIAL.update({
         c10d.allreduce_.default: _allreduce,

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import torch
 
-from .. import param_moves
+from ..frontend import param_moves
 from ..errors import LazyXlaError
 from ..ir import Node, OpSig, Slot, TensorMeta, fmt_where, user_frame
 from ..lowering import lower_all_gather, lower_all_reduce, lower_broadcast, lower_reduce_scatter
-from ..storage import fresh
-from ..tensor import LazyTensor
+from ..run.storage import fresh
+from ..frontend.tensor import LazyTensor
 from . import world
 
 REDUCE_SUM, REDUCE_MAX, REDUCE_MIN = "sum", "max", "min"

@@ -23,9 +23,9 @@ import itertools
 import torch
 from torch.utils._pytree import tree_map
 
-from .. import jax_internals
+from ..backend import jax_internals
 from ..config import env_str
-from ..executor import sync
+from ..engine.executor import sync
 from . import world
 from .collectives import broadcast, copy_into
 

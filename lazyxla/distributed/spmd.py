@@ -22,12 +22,12 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ..errors import LazyXlaError
-from ..execution import resolve
+from ..run.execution import resolve
 from ..ir import TensorMeta, fmt_where, user_frame
-from ..jax_internals import hlo_sharding_text
-from ..storage import SHARDING_OP, Storage, TensorState, constrained
-from ..tensor import LazyTensor
-from .. import xla
+from ..backend.jax_internals import hlo_sharding_text
+from ..run.storage import SHARDING_OP, Storage, TensorState, constrained
+from ..frontend.tensor import LazyTensor
+from ..backend import xla
 
 __all__ = ["Mesh", "get_1d_mesh", "set_global_mesh", "get_global_mesh", "mark_sharding", "clear_sharding",
            "get_sharding_spec", "global_tensor"]

@@ -24,7 +24,8 @@ import jax
 import numpy as np
 import torch
 
-from .. import execution, jax_internals, xla
+from ..run import execution
+from ..backend import jax_internals, xla
 from ..config import env_int, env_str
 from ..errors import LazyXlaError
 from ..lowering import PROCESS_AXIS as AXIS  # the process axis that the collectives reduce over
@@ -120,7 +121,7 @@ def init(rank=None, world_size=None, master_addr=None, master_port=None, local_r
     _state.update(world=world, rank=rank, local_rank=local, local_world=local_world, node=node)
     xla.set_process_mesh(mesh)
     execution.explain_failure = _lost_processes
-    from ..cache import computation_cache
+    from ..compiler.cache import computation_cache
     computation_cache().clear()
 
 
@@ -136,7 +137,7 @@ def set_replication(device, devices=()) -> None:
     process, so this checks that ``device`` (and each of ``devices``) is this process's device
     and, if a launcher started this process as one of several and it has not joined its job
     yet, joins it (``init()`` from the launcher's environment)."""
-    from ..device import DEVICE
+    from ..frontend.device import DEVICE
     for d in [device, *list(devices or ())]:
         dev = torch.device(d)
         if dev.type != DEVICE.type or (dev.index or 0) != 0:

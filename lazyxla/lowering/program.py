@@ -33,7 +33,7 @@ import numpy as np
 
 from ..config import env_flag
 from ..ir import Node, Slot
-from ..xla import jnp_dtype
+from ..backend.xla import jnp_dtype
 from .registry import ZERO_D_AS_VECTOR
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..xla import jnp_dtype
+from ..backend.xla import jnp_dtype
 from . import program
 
 

@@ -9,7 +9,7 @@ import lazyxla
 import lazyxla.debug.metrics as _met
 
 from .. import not_offered
-from ... import eager as _eager
+from ...engine import eager as _eager
 
 
 def _xla_metrics_report() -> str:

@@ -1,0 +1,2 @@
+"""hf"""
+from .generation import generate  # noqa: F401

@@ -1,0 +1,100 @@
+"""Tensors kept as the rows of one device buffer: made, and recognized again.
+
+A group of same-shaped tensors the optimizer's step updates together (the moments of all the
+layers' ``fc1.weight``, and with ``param_stacks`` the parameters themselves) lives as one buffer
+``[L, *shape]``; each tensor is a view of its row (``select(stack, 0, k)``: one view node per
+read, never a node with every row as an output), so users see the same tensors and a program
+takes the whole buffer as one operand and writes it as one output. ``stack_of`` says whether
+tensors are, right now, the rows of one such buffer in order (a tensor given another value
+with ``.data =`` or ``set_`` is no longer a row, and its group is stepped one by one).
+
+May touch: the stacked tensors' states (they become views of the new buffer), the arena's
+storages, metrics counters.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from .. import metrics
+from ..frontend import ops
+from ..run import storage
+from ..frontend.tensor import DeviceStorage, LazyTensor, _tensor
+from ..backend.xla import download
+
+aten = torch.ops.aten
+
+# a stack's storage -> the view chain of each row, by row, and id(chain) -> its row (a member is
+# row k while its state has this storage and exactly this chain object)
+_ROWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def stack_of(members):
+    """The storage these tensors are the rows of, in order, or None."""
+    s0 = members[0]._state
+    st = s0.storage
+    rows = _ROWS.get(st)
+    if rows is None or len(rows[0]) != len(members):
+        return None
+    for t, chain in zip(members, rows[0]):
+        s = t._state
+        if s.storage is not st or s.chain is not chain:
+            return None
+    return st
+
+
+def row_of(t):
+    """(storage, k, rows) when tensor ``t`` is row ``k`` of a stack of ``rows`` made here, else
+    None (run for every parameter of every fused step: a lookup, no search)."""
+    s = t._state
+    rows = _ROWS.get(s.storage)
+    if rows is None:
+        return None
+    k = rows[1].get(id(s.chain))
+    return None if k is None or rows[0][k] is not s.chain else (s.storage, k, len(rows[0]))
+
+
+def can_stack(members, aliased) -> bool:
+    """Whether these tensors can become rows of one buffer: lazy device data of one meta, not
+    views, not sharded, sharing their storage with no other live tensor (``aliased``)."""
+    m0 = members[0]._state.meta
+    for t in members:
+        s = t._state
+        st = s.storage
+        if (type(t) is not LazyTensor or s.chain is not None or st.data is None or st.sharding is not None
+                or s.meta != m0 or id(st) in aliased):
+            return False
+    return True
+
+
+def stack(members, counter):
+    """Make the tensors the rows of one new buffer holding their values (read back, stacked on
+    the host, sent as one buffer); returns its storage. Counts ``counter`` once per member."""
+    hosts = download([t._state.storage.data for t in members], [t._state.meta.dtype for t in members])
+    whole = _tensor(storage.upload(torch.stack(hosts)))
+    rows = []
+    for k, t in enumerate(members):
+        ops.become(t, aten.select.int(whole, 0, k))
+        rows.append(t._state.chain)
+    st = whole._state.storage
+    _ROWS[st] = (tuple(rows), {id(c): k for k, c in enumerate(rows)})
+    nbytes = members[0]._state.meta.numel * members[0]._state.meta.dtype.itemsize
+    st.untyped = {id(c): DeviceStorage.make(nbytes) for c in rows}  # each row its own, as before
+    st.untyped[None] = DeviceStorage.make(nbytes * len(rows))
+    metrics.counter_inc(counter, len(members))
+    return st
+
+
+def aliased(tensor_lists) -> set:
+    """Ids of the storages of these tensors that another live tensor shares (an alias a stack
+    would leave behind)."""
+    mine = {id(t._state.storage) for ts in tensor_lists for t in ts}
+    seen, out = set(), set()
+    for s in storage.live_states():
+        k = id(s.storage)
+        if k in mine:
+            if k in seen:
+                out.add(k)
+            seen.add(k)
+    return out
