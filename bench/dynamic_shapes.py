@@ -61,6 +61,7 @@ def _step(m, opt, x, mask, y):
 def step_bench(length, steps, repeats):
     import lazyxla
     from lazyxla import dynamic
+    from lazyxla.dynamic import bounds as dyn_bounds
     from lazyxla.engine import executor
     from lazyxla.compiler.cache import computation_cache
     dev = lazyxla.device()
@@ -80,22 +81,22 @@ def step_bench(length, steps, repeats):
             rounds.append((time.perf_counter() - t0) / steps * 1e3)
         return statistics.median(rounds)
 
-    policy, dynamic.POLICY = dynamic.POLICY, "auto"
+    policy, dyn_bounds.POLICY = dyn_bounds.POLICY, "auto"
     own = dynamic.own_bound(length)
-    dynamic.POLICY = None            # exact: one program for this length
+    dyn_bounds.POLICY = None            # exact: one program for this length
     exact = timed(*_model(dev))
     got = {}
     for name, bounds in (("first", "pow2"), ("own", (own,))):
         computation_cache().clear()
         executor._TRACES.clear()
-        dynamic.POLICY = bounds      # the program a new size compiles first; then the size's own bound
+        dyn_bounds.POLICY = bounds      # the program a new size compiles first; then the size's own bound
         dynamic.reset()
         m, opt = _model(dev)
         for L in (length - 2, length - 1):  # two other lengths: the dimension becomes dynamic
             _step(m, opt, *[t.to(dev) for t in _batch(L, seed=L)])
             lazyxla.sync(wait=True)
         got[name] = (dynamic.bucket(length), timed(m, opt))
-    dynamic.POLICY = policy
+    dyn_bounds.POLICY = policy
     print(f"step at length {length}: exact {exact:.1f} ms")
     for name, what in (("first", "the program a new size compiles first"),
                        ("own", "its own bound, once the padding has paid a compile")):

@@ -22,7 +22,7 @@ from .engine import closures as _closures
 from . import data, debug, events as _events, experimental, hf, progress  # noqa: F401  (public submodules)
 from .engine import executor as _executor
 from .frontend import kernels as _kernels
-from . import rng as _rng
+from .ir import rng as _rng
 from .run import storage as _storage
 from . import metrics as _metrics
 from .optim import state as _optimizer_state

@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_map
 
 from .engine import executor
 from .backend import xla
-from .ir import TensorMeta
+from .ir.node import TensorMeta
 from .run.storage import device_data
 from .frontend.tensor import LazyTensor
 

@@ -13,7 +13,7 @@ A subscriber is any object with some of these methods (each optional):
   for a Dynamo recompile, new input shapes, or its first call).
 - ``dynamic(kind, *info)``: a dimension became dynamic (``"dimension"``, its label, size,
   bound), a bound grew (``"bound"``, label, size, new bound, old bound), or a structure fell
-  back to exact shapes (``"fallback"``, a ``dynamic.Refusal``).
+  back to exact shapes (``"fallback"``, a ``dynamic.structure.Refusal``).
 - ``after_graph_capture(step, why, key_hex, where)``: ``lazyxla.compile(step, replay=True)``
   captured its step (``replay``): ``why`` is "first capture", or what made it capture again.
 

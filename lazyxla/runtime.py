@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import jax
 
-from . import rng
+from .ir import rng
 from .run import storage
 from .backend import xla
 from .distributed import world as _world

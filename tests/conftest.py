@@ -27,11 +27,11 @@ def nothing_pending():
 def exact_shapes():
     """torch_xla's behaviour: one program per shape (``LAZYXLA_DYNAMIC_BUCKETS=off``), for tests
     of the seed's counts that give every test fresh sizes."""
-    from lazyxla import dynamic
-    was = dynamic.POLICY
-    dynamic.POLICY = None
+    from lazyxla.dynamic import bounds
+    was = bounds.POLICY
+    bounds.POLICY = None
     yield
-    dynamic.POLICY = was
+    bounds.POLICY = was
 
 
 @pytest.fixture(autouse=True)

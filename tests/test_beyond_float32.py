@@ -254,8 +254,8 @@ ISSUE_ROWS = {
 
 @pytest.mark.parametrize("mode", list(ISSUE_ROWS))
 def test_the_issues_opinfo_rows_match_eager(mode):
-    from lazyxla.tools import opinfo_check
-    results, _ = opinfo_check.run(ISSUE_ROWS[mode], mode=mode)
+    from lazyxla.tools import opinfo
+    results, _ = opinfo.run(ISSUE_ROWS[mode], mode=mode)
     missing = [w for w in ISSUE_ROWS[mode] if not any(r.name == w or r.name.startswith(w + ".") for r in results)]
     assert not missing, missing  # every row ran (none skipped as random, none without its dtype)
     bad = [(r.name, r.status, r.problem, r.counters) for r in results if r.status != "ok"]

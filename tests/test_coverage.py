@@ -1,4 +1,4 @@
-"""Core ATen coverage (lazyxla/coverage.py): the classification, a verified subset, and the
+"""Core ATen coverage (lazyxla/tools/coverage/): the classification, a verified subset, and the
 data-dependent ops that fall back on purpose."""
 import pytest
 import torch
@@ -94,15 +94,15 @@ def test_cli_writes_the_table(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
-# lazyxla coverage --opinfo (lazyxla/opinfo_check.py): whole OpInfos on the lazy device.
+# lazyxla coverage --opinfo (lazyxla/tools/opinfo/): whole OpInfos on the lazy device.
 TOTALS = (r"^opinfo: (\d+) ops, (\d+) ok, (\d+) fallback \((\d+\.\d)%\), (\d+) wrong, (\d+) error, "
           r"(\d+) refused, (\d+) no-sample$")
 
 
 def test_opinfo_runner_classifies_what_a_user_sees():
     import re
-    from lazyxla.tools import opinfo_check
-    results, excluded = opinfo_check.run(["add", "mm", "nonzero", "equal", "bernoulli"])
+    from lazyxla.tools import opinfo
+    results, excluded = opinfo.run(["add", "mm", "nonzero", "equal", "bernoulli"])
     by = {r.name: r for r in results}
     assert sorted(by) == ["add", "equal", "mm", "nonzero"]
     assert excluded == {"bernoulli": "random (by name)"}
@@ -111,10 +111,10 @@ def test_opinfo_runner_classifies_what_a_user_sees():
     # value-dependent: stays on the CPU, with the counters that moved
     assert by["nonzero"].status == "fallback" and by["nonzero"].counters == {"aten::nonzero": 3}
     assert by["equal"].status == "fallback" and by["equal"].counters  # a bool: the value goes to the host
-    line = opinfo_check.totals_line(results)
+    line = opinfo.totals_line(results)
     assert line == "opinfo: 4 ops, 2 ok, 2 fallback (50.0%), 0 wrong, 0 error, 0 refused, 0 no-sample"
     assert re.match(TOTALS, line)
-    assert opinfo_check.by_counter(results)["aten::nonzero"] == ["nonzero"]
+    assert opinfo.by_counter(results)["aten::nonzero"] == ["nonzero"]
 
 
 class _FakeOpInfo:
@@ -133,7 +133,7 @@ class _FakeOpInfo:
 
 def test_opinfo_runner_wrong_error_no_sample_and_time_limit():
     import time
-    from lazyxla.tools import opinfo_check
+    from lazyxla.tools import opinfo
 
     def differs(x):  # a different value on the lazy device: wrong
         return x + (1.0 if x.device.type != "cpu" else 0.0)
@@ -150,7 +150,7 @@ def test_opinfo_runner_wrong_error_no_sample_and_time_limit():
         time.sleep(30)
         return x
 
-    check = opinfo_check.check_opinfo
+    check = opinfo.check_opinfo
     wrong = check(_FakeOpInfo("differs", differs))
     assert wrong.status == "wrong" and wrong.problem.startswith("output 0: Tensor-likes are not close"), wrong
     error = check(_FakeOpInfo("raises", raises))
@@ -162,7 +162,7 @@ def test_opinfo_runner_wrong_error_no_sample_and_time_limit():
     assert time.monotonic() - t0 < 5
     ok = check(_FakeOpInfo("same", lambda x: (x * 2).sum() > 0, n=1))  # a tensor of a bool
     assert ok.status == "ok"
-    line = opinfo_check.totals_line([wrong, error, ok])
+    line = opinfo.totals_line([wrong, error, ok])
     assert line == "opinfo: 3 ops, 1 ok, 0 fallback (0.0%), 1 wrong, 1 error, 0 refused, 0 no-sample"
 
 

@@ -1,4 +1,4 @@
-"""The end-to-end demo (lazyxla/demo.py) and its command line (``python -m lazyxla demo``).
+"""The end-to-end demo (lazyxla/tools/demo.py) and its command line (``python -m lazyxla demo``).
 
 In process: two epochs learn the digits and the second epoch compiles nothing new. As a
 subprocess: the CLI exits 0 and prints the accuracy and the compile summary.

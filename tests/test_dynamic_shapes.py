@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import lazyxla
 from lazyxla import dynamic
+from lazyxla.dynamic import bounds, structure
 from lazyxla.debug.explain import recompile_log
 from lazyhelp import cnt
 
@@ -107,7 +108,7 @@ def test_a_smaller_size_runs_in_a_larger_bounds_program_until_its_padding_has_pa
     for L in (7, 6, 7):  # their own bound (8) has no program: they run in bound 16's, compiling nothing
         step(L)
     assert cnt("UncachedCompile") - before == 2 and cnt("DynamicShapeBoundRent") - rents == 1
-    fam, = [f for f in dynamic._FAMILIES.values() if f.programs]
+    fam, = [f for f in structure._FAMILIES.values() if f.programs]
     rent, = fam.rents.values()
     assert rent.own == (8,) and rent.host == (16,) and rent.runs == 3 and rent.share == 0.5
     fam.programs[(16,)].compile_s = rent.paid  # as if the padding paid so far had cost a whole compile
@@ -127,7 +128,7 @@ def test_a_sizes_own_bound_holds_it_with_at_most_a_quarter_of_padding(monkeypatc
         [8, 8, 10, 12, 20, 40, 48, 64, 64, 80, 224]
     assert all(n <= dynamic.own_bound(n) <= max(8, 1.25 * n) <= dynamic.bucket(n) * 1.25 for n in sizes)
     assert dynamic.own_bound(20, mark=50) == 50
-    monkeypatch.setattr(dynamic, "POLICY", "pow2")
+    monkeypatch.setattr(bounds, "POLICY", "pow2")
     assert [dynamic.own_bound(n) for n in (9, 33, 200)] == [16, 64, 256]
 
 

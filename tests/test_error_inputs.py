@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import lazyxla
-from lazyxla import rng
+from lazyxla.ir import rng
 from lazyxla.run import storage
 
 DEV = lazyxla.device()

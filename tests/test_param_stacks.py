@@ -11,6 +11,7 @@ import torch.nn as nn
 import lazyxla
 from lazyxla.optim import param_stacks
 from lazyxla import rolling
+from lazyxla.rolling import settings as roll_settings
 from lazyxla.compiler.cache import computation_cache
 from lazyhelp import cnt, distinct_kernels, last_program_text, lazy_then_replayed, torch_compiled_losses
 
@@ -21,8 +22,8 @@ pytestmark = pytest.mark.usefixtures("nothing_pending")
 @pytest.fixture(autouse=True)
 def small_groups_stack(monkeypatch):
     """Four alike layers: their roles are stacked as a deep model's are."""
-    monkeypatch.setattr(rolling, "MIN_ITERATIONS", 4)
-    monkeypatch.setattr(rolling, "ENABLED", True)
+    monkeypatch.setattr(roll_settings, "MIN_ITERATIONS", 4)
+    monkeypatch.setattr(roll_settings, "ENABLED", True)
 
 
 def model_on(dev, depth=4, width=6):

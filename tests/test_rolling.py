@@ -9,6 +9,7 @@ import torch
 import lazyxla
 import lazyxla.debug.metrics as met
 from lazyxla import rolling
+from lazyxla.rolling import settings as roll_settings
 from lazyxla.compiler.cache import computation_cache
 
 pytestmark = pytest.mark.usefixtures("nothing_pending")
@@ -16,8 +17,8 @@ pytestmark = pytest.mark.usefixtures("nothing_pending")
 
 @pytest.fixture
 def roll_small(monkeypatch):
-    monkeypatch.setattr(rolling, "MIN_ITERATIONS", 4)
-    monkeypatch.setattr(rolling, "ENABLED", True)
+    monkeypatch.setattr(roll_settings, "MIN_ITERATIONS", 4)
+    monkeypatch.setattr(roll_settings, "ENABLED", True)
     computation_cache().clear()
     yield
     computation_cache().clear()
@@ -138,7 +139,7 @@ def test_each_compile_says_what_rolled_and_what_did_not(roll_small):
 
 
 def _dropout_losses(roll, monkeypatch):
-    monkeypatch.setattr(rolling, "ENABLED", roll)
+    monkeypatch.setattr(roll_settings, "ENABLED", roll)
     computation_cache().clear()
     torch.manual_seed(0)
     model = Net(5, p=0.3)
@@ -201,7 +202,7 @@ def test_layers_that_differ_are_left_unrolled(roll_small):
 def test_a_shallow_model_is_not_rolled_when_asked(monkeypatch):
     # rolling pays from about 20 layers on (bench/compile_depth.py): below, XLA compiles the
     # unrolled program faster than the loop's plumbing
-    monkeypatch.setattr(rolling, "ENABLED", True)
+    monkeypatch.setattr(roll_settings, "ENABLED", True)
     computation_cache().clear()
     torch.manual_seed(0)
     dev = lazyxla.device()
@@ -214,7 +215,7 @@ def test_a_shallow_model_is_not_rolled_when_asked(monkeypatch):
 def _train_hf(build, roll, monkeypatch, steps):
     """Losses of ``steps`` AdamW steps of the HF model ``build()`` makes, rolled or not, the
     iterations rolled and the last compile's rolling report."""
-    monkeypatch.setattr(rolling, "ENABLED", roll)
+    monkeypatch.setattr(roll_settings, "ENABLED", roll)
     computation_cache().clear()
     torch.manual_seed(0)
     dev = lazyxla.device()
@@ -261,12 +262,12 @@ def test_a_model_of_just_the_least_depth_rolls_every_layer(roll_small, monkeypat
 
     def build():
         return transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            vocab_size=64, n_positions=16, n_embd=16, n_layer=rolling.MIN_ITERATIONS, n_head=2,
+            vocab_size=64, n_positions=16, n_embd=16, n_layer=roll_settings.MIN_ITERATIONS, n_head=2,
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
 
     rolled, n, report = _train_hf(build, True, monkeypatch, 2)
     unrolled, _, _ = _train_hf(build, False, monkeypatch, 2)
-    assert n == 2 * rolling.MIN_ITERATIONS, report  # every layer, forward and backward
+    assert n == 2 * roll_settings.MIN_ITERATIONS, report  # every layer, forward and backward
     assert rolled == pytest.approx(unrolled, rel=1e-5)
 
 

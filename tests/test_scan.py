@@ -137,9 +137,9 @@ def test_scan_layers_compiles_as_many_distinct_kernels_at_depth_32_as_at_depth_2
     stacks (``param_stacks``, for deep models), ``scan_layers`` takes each stack as it is (a
     stack of its rows, a slice each, was 139 distinct kernels at depth 32 against 77)."""
     from lazyxla.optim import param_stacks
-    from lazyxla import rolling
+    from lazyxla.rolling import settings as roll_settings
     monkeypatch.setattr(param_stacks, "ENABLED", stacked)
-    monkeypatch.setattr(rolling, "MIN_ITERATIONS", 2)
+    monkeypatch.setattr(roll_settings, "MIN_ITERATIONS", 2)
     got = {}
     for depth in (2, 32):
         torch.manual_seed(0)

@@ -26,7 +26,7 @@ import sys
 from ..debug import explain as debug_explain
 from ..debug import fold_page, walk_page
 from ..debug.walk import Walker, WalkSourceError
-from ..ir import fmt_where
+from ..ir.user_line import fmt_where
 from .script import run_script
 
 

@@ -31,7 +31,7 @@ import jax
 from .. import metrics, rolling
 from ..config import env_int
 from ..run.execution import ExecutionError
-from ..ir import fmt_where
+from ..ir.user_line import fmt_where
 from ..backend.jax_internals import tupled_parameters
 from ..lowering import build_program, row_args
 from ..backend.xla import compile_environment, jnp_dtype, process_mesh, row_indices, spmd, zeros

@@ -30,7 +30,8 @@ from .. import rolling
 from ..config import env_flag
 from ..dynamic import describe
 from ..keys.graph_hash import SITES, FoldTrace, Step
-from ..ir import fmt_where, post_order, skeleton
+from ..ir.user_line import fmt_where
+from ..ir.node import post_order, skeleton
 
 EXPLAIN = env_flag("LAZYXLA_EXPLAIN_RECOMPILES", False)
 

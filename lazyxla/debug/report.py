@@ -17,7 +17,7 @@ import sys
 from .. import metrics
 from ..config import env_flag, env_int, env_str
 from ..dynamic import describe
-from ..ir import user_frames
+from ..ir.user_line import user_frames
 
 
 def _level() -> int:

@@ -39,7 +39,7 @@ import numpy as np
 
 from .. import events, metrics
 from ..compiler import persistent_cache
-from .. import rng
+from ..ir import rng
 from ..run import storage
 from ..compiler.cache import computation_cache
 from ..compiler.compile import WRAP_THRESHOLD, hlo_text
@@ -47,7 +47,7 @@ from ..config import env_str
 from ..run.execution import Placeholder
 from ..engine.executor import PARAM_ALIASING, buffer_donors
 from ..keys.graph_hash import SITES
-from ..ir import fmt_where, resolve_site, user_site
+from ..ir.user_line import fmt_where, resolve_site, user_site
 from ..run.storage import SHARDING_OP
 from ..backend.xla import auto_sharding
 from . import explain
@@ -81,7 +81,7 @@ STAGES = (
           "if st.data is None:",
           "A sync takes every live tensor whose storage still holds pending IR, in the order the tensors were "
           "made; a value read takes only the tensors read."),
-    Stage("rng", "The random seed, a small graph of its own", "lazyxla.rng", "next_seed",
+    Stage("rng", "The random seed, a small graph of its own", "lazyxla.ir.rng", "next_seed",
           "_seed_ir = (Node(_NEXT, (current(),)), 0)",
           "Each random op extends a chain seed' = 2531011 + 214013 * seed in IR from one device-data seed, so "
           "the program depends on how many random ops it has, never on the seed's value; each sync moves the "

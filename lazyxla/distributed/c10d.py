@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import LazyXlaError
-from ..ir import fmt_where, user_frame
+from ..ir.user_line import fmt_where, user_frame
 from . import collectives as coll
 from . import world
 

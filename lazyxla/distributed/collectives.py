@@ -16,7 +16,8 @@ import torch
 
 from ..frontend import param_moves
 from ..errors import LazyXlaError
-from ..ir import Node, OpSig, Slot, TensorMeta, fmt_where, user_frame
+from ..ir.node import Node, OpSig, Slot, TensorMeta
+from ..ir.user_line import fmt_where, user_frame
 from ..lowering import lower_all_gather, lower_all_reduce, lower_broadcast, lower_reduce_scatter
 from ..run.storage import fresh
 from ..frontend.tensor import LazyTensor

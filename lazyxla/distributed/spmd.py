@@ -23,7 +23,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ..errors import LazyXlaError
 from ..run.execution import resolve
-from ..ir import TensorMeta, fmt_where, user_frame
+from ..ir.node import TensorMeta
+from ..ir.user_line import fmt_where, user_frame
 from ..backend.jax_internals import hlo_sharding_text
 from ..run.storage import SHARDING_OP, Storage, TensorState, constrained
 from ..frontend.tensor import LazyTensor

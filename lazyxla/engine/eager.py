@@ -20,7 +20,8 @@ May touch: the executor (it runs each op's program), the RNG seed, its metrics.
 from __future__ import annotations
 
 from . import executor
-from .. import metrics, rng
+from .. import metrics
+from ..ir import rng
 
 ON = False
 

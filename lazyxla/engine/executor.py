@@ -26,7 +26,7 @@ from .. import dynamic, events
 from . import host_reads
 from .. import metrics
 from ..compiler import persistent_cache
-from .. import rng
+from ..ir import rng
 from ..compiler.cache import CachedProgram, computation_cache
 from ..compiler.compile import WorkspaceCall, arg_specs, compile_graph, hlo_text, rolled, with_extras
 from ..config import env_flag

@@ -25,7 +25,7 @@ import torch
 
 from .. import metrics
 from ..config import env_flag
-from ..ir import OpSig
+from ..ir.node import OpSig
 from ..lowering import is_random
 from ..lowering.program import instantiate
 from ..dynamic import observe

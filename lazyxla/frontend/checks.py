@@ -32,7 +32,7 @@ import torch
 
 from .device import is_lazy
 from ..errors import LazyXlaError, refusal
-from ..ir import fmt_where, user_frame
+from ..ir.user_line import fmt_where, user_frame
 from ..run.storage import storage_offset
 
 # PyTorch's two names for a dtype in its messages: the ScalarType's (``Float``) and the C++

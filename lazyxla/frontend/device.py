@@ -22,7 +22,7 @@ import itertools
 import torch
 import torch.utils.backend_registration as _br
 
-from .. import rng
+from ..ir import rng
 from ..config import env_flag
 from ..run.execution import wait_device_ops
 

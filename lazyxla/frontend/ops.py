@@ -26,7 +26,8 @@ import torch
 from .. import lowering, metrics
 from .device import BACKEND, DEVICE, is_lazy
 from ..engine.executor import read_values
-from ..ir import Node, OpSig, Slot, fmt_where, user_frame, user_site
+from ..ir.node import Node, OpSig, Slot
+from ..ir.user_line import fmt_where, user_frame, user_site
 from ..errors import LazyXlaError
 from .signature import check_writable, describe, flat_tensors
 from ..run.storage import converted, upload

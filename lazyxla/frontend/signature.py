@@ -37,7 +37,8 @@ from ..config import __version__, env_flag
 from ..hashing import encode, fold
 from .device import is_lazy
 from ..errors import LazyXlaError
-from ..ir import OpSig, Slot, TensorMeta, fmt_where
+from ..ir.node import OpSig, Slot, TensorMeta
+from ..ir.user_line import fmt_where
 from ..backend.xla import jnp_dtype
 
 # R1.5: XLA_NO_SPECIAL_SCALARS=1 makes 0, 1 and -1 device data like every other scalar.
@@ -72,7 +73,7 @@ class FuncInfo:
         self.value_pos = frozenset(vp)
         self.value_kw = frozenset(vk)
         self.written = tuple(written)
-        self.view = (not written) and any(r.alias_info is not None for r in s.returns)
+        self.view = lowering.is_view(func)
         if not written:
             self.kind = "view" if self.view else "functional"
         elif written == [s.arguments[0].name] and not s.arguments[0].kwarg_only:

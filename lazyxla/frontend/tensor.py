@@ -28,11 +28,13 @@ import warnings
 import torch
 
 from ..engine import eager
-from .. import metrics, rng
+from .. import metrics
+from ..ir import rng
 from .checks import check_overlap
 from .device import DEVICE
 from ..engine.executor import read_values
-from ..ir import Node, OpSig, fmt_where, user_frame, user_site
+from ..ir.node import Node, OpSig
+from ..ir.user_line import fmt_where, user_frame, user_site
 from .ops import Record, become, decompose, fallback, special_for
 from ..errors import LazyXlaError
 from .signature import SCALAR_TYPES, SPECIAL_SCALARS, AsData, is_special, new_entry, op_info

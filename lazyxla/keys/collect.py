@@ -11,7 +11,7 @@ Touches nothing but the Graph it makes.
 """
 from __future__ import annotations
 
-from ..ir import post_order
+from ..ir.node import post_order
 
 
 class Graph:

@@ -24,7 +24,8 @@ import functools
 
 from ..config import env_str
 from ..hashing import encode, fold, merge
-from ..ir import fmt_where, skeleton
+from ..ir.user_line import fmt_where
+from ..ir.node import skeleton
 from ..backend.xla import compile_environment
 
 

@@ -9,13 +9,13 @@ Random ops receive the step's seed (int64) as ``__seed__``.
 
 Modules. Imports run one way: the families and ``program`` import ``registry`` (several
 families also ``nn_helpers``), never this file, which imports them all and defines nothing
-itself; outside the package, lowering imports only ``lazyxla.ir`` and ``lazyxla.xla``,
+itself; outside the package, lowering imports only ``lazyxla.ir`` and ``lazyxla.backend``,
 which never import it.
 - ``registry``: the registries LOWERINGS, RANDOM, STATIC_ARGS, ZERO_D_AS_VECTOR,
   SHAPE_RULES (output shapes of ops PyTorch has no meta kernel for), OUTPUT_DTYPES (the CPU
   kernel's output dtypes where the meta kernel's differ) and DECOMPOSITIONS
   (PyTorch's decomposition table, loaded on import); ``register``, ``shape_rule``, ``get``,
-  ``is_random``, ``functional_of``.
+  ``is_random``, ``is_view``, ``functional_of``.
 - ``program``: ``lower_call``, ``lower_node``, ``build_program`` (the function ``executor``
   hands to ``jax.jit``) and the lowerings of lazyxla's own nodes (writes through views, conversions), ``lower_convert`` and
   ``lower_view_scatter``.
@@ -39,7 +39,7 @@ which never import it.
 
 Public names, re-exported from ``registry`` and ``program`` (the rest of lazyxla uses
 ``lowering.X``): LOWERINGS, DECOMPOSITIONS, STATIC_ARGS, RANDOM, ZERO_D_AS_VECTOR,
-SHAPE_RULES, OUTPUT_DTYPES, register, shape_rule, get, is_random, functional_of, lower_call, lower_node, build_program,
+SHAPE_RULES, OUTPUT_DTYPES, register, shape_rule, get, is_random, is_view, functional_of, lower_call, lower_node, build_program,
 lower_convert, lower_view_scatter, lower_sharding, the collectives' lowerings, lower_fused_adam, lower_fused_sgd,
 lower_batch_norm_train. May touch: nothing but the registries.
 """
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from .registry import (DECOMPOSITIONS, LOWERINGS, OUTPUT_DTYPES, RANDOM, SHAPE_RULES, STATIC_ARGS,  # noqa: F401
                        ZERO_D_AS_VECTOR,
-                       functional_of, get, is_random, register, shape_rule)
+                       functional_of, get, is_random, is_view, register, shape_rule)
 from .program import build_program, row_args, lower_call, lower_convert, lower_node, lower_sharding, lower_view_scatter  # noqa: F401
 from .collective import (PROCESS_AXIS, lower_all_gather, lower_all_reduce, lower_broadcast,  # noqa: F401
                          lower_reduce_scatter)

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..config import env_flag
-from ..ir import Node, Slot
+from ..ir.node import Node, Slot
 from ..backend.xla import jnp_dtype
 from .registry import ZERO_D_AS_VECTOR
 

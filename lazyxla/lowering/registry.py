@@ -109,6 +109,18 @@ def _writes(f):
     return [a.name for a in f._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
 
 
+_VIEWS: dict = {}
+
+
+def is_view(func: OpOverload) -> bool:
+    """Whether an ATen op is a view: its schema writes no argument and returns an alias of one
+    (``t``, ``transpose``, ``view``, ``select``; not ``add_``, whose result aliases what it writes)."""
+    v = _VIEWS.get(func)
+    if v is None:
+        v = _VIEWS[func] = not _writes(func) and any(r.alias_info is not None for r in func._schema.returns)
+    return v
+
+
 def functional_of(func: OpOverload):
     """The functional overload behind an in-place (``add_``) or out= (``add.out``) op, or None."""
     if func in _FUNCTIONAL:

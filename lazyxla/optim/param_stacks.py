@@ -36,7 +36,7 @@ import re
 
 from . import fused as optimizer_fused, adam as optimizer_stacks
 from ..frontend import param_moves
-from .. import rolling
+from ..rolling import settings as rolling
 from . import stacks
 from ..config import env_flag
 from .state import host_rewrites_allowed

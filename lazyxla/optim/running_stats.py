@@ -22,7 +22,7 @@ import torch
 
 from .. import lowering
 from ..frontend import ops
-from ..ir import TensorMeta
+from ..ir.node import TensorMeta
 from ..lowering.layer_norm import stats_dtype
 from ..run.storage import fresh, scalar_value
 from ..frontend.tensor import LazyTensor, reroute

@@ -30,11 +30,15 @@ from __future__ import annotations
 
 import torch
 
-from .. import events, metrics, rng
+from .. import events, metrics
+from ..ir import rng
 from ..frontend.device import DEVICE
 from ..errors import LazyXlaError
 from ..hashing import fold
-from ..ir import Node, OpSig, Slot, fmt_where, post_order, user_frame, user_site
+from ..ir.node import Node, OpSig, Slot
+from ..ir.user_line import fmt_where
+from ..ir.node import post_order
+from ..ir.user_line import user_frame, user_site
 from ..lowering import build_program
 from ..run.storage import fresh
 from ..frontend.tensor import LazyTensor, _tensor

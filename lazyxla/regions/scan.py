@@ -34,12 +34,14 @@ import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
 
 from ..engine import executor
-from .. import metrics, rng
+from .. import metrics
+from ..ir import rng
 from .region import _copy, _input_sig
 from ..frontend.device import DEVICE
 from ..errors import LazyXlaError
 from ..hashing import fold
-from ..ir import Node, OpSig, Slot, TensorMeta, fmt_where, resolve_site, user_frame, user_site
+from ..ir.node import Node, OpSig, Slot, TensorMeta
+from ..ir.user_line import fmt_where, resolve_site, user_frame, user_site
 from ..lowering import build_program
 from ..lowering import program as _program
 from ..run.storage import fresh, scalar_value

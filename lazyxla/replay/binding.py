@@ -36,12 +36,14 @@ from operator import is_ as _is
 import numpy as np
 
 from ..engine import closures, executor
-from .. import metrics, rng
+from .. import metrics
+from ..ir import rng
 from ..run import storage
 from ..debug.explain import explain
 from ..errors import LazyXlaError
 from ..run.execution import Completion, ExecutionError, Placeholder, resolve, run
-from ..ir import data_sig, fmt_where
+from ..ir.node import data_sig
+from ..ir.user_line import fmt_where
 from ..run.storage import SCALAR_LEAVES, TensorState
 from ..frontend.tensor import LazyTensor
 from ..backend.xla import copy_array, spmd

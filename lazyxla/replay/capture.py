@@ -32,11 +32,11 @@ from . import binding
 from ..engine import closures, eager, executor
 from .. import metrics
 from ..optim import counts as optimizer_counts
-from .. import rng
+from ..ir import rng
 from ..run import storage
 from .binding import Binding, awaiting
 from ..errors import LazyXlaError
-from ..ir import fmt_where, user_frame
+from ..ir.user_line import fmt_where, user_frame
 from ..run.storage import live_states
 from ..frontend.tensor import LazyTensor
 

@@ -24,7 +24,7 @@ import threading
 from ..engine import eager, executor
 from ..config import env_int
 from ..errors import LazyXlaError
-from ..ir import fmt_where, user_frame
+from ..ir.user_line import fmt_where, user_frame
 from .graphs import ReplayedStep
 
 

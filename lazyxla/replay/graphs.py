@@ -24,7 +24,8 @@ from .. import metrics
 from ..run import storage
 from .binding import StaleBinding
 from ..errors import LazyXlaError
-from ..ir import TensorMeta, fmt_where, user_frame
+from ..ir.node import TensorMeta
+from ..ir.user_line import fmt_where, user_frame
 from ..run.storage import TensorState
 from .capture import Capture
 from ..frontend.tensor import LazyTensor

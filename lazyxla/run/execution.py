@@ -25,7 +25,7 @@ from queue import SimpleQueue
 import numpy as np
 
 from .. import metrics
-from ..ir import fmt_where
+from ..ir.user_line import fmt_where
 
 _now = metrics.now_ns
 MAX_INFLIGHT = 2

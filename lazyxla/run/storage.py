@@ -36,7 +36,8 @@ import torch
 
 from .. import metrics
 from ..errors import LazyXlaError
-from ..ir import _DATA_SIGS, Node, OpSig, Slot, TensorMeta, data_leaf, data_sig, fmt_where, user_frame
+from ..ir.node import _DATA_SIGS, Node, OpSig, Slot, TensorMeta, data_leaf, data_sig
+from ..ir.user_line import fmt_where, user_frame
 from ..backend.jax_internals import hlo_sharding_text
 from ..lowering import lower_convert, lower_sharding, lower_view_scatter
 from ..lowering.program import instantiate

@@ -18,7 +18,7 @@ import lazyxla
 import lazyxla.distributed as _xd
 from lazyxla import progress as _progress
 from lazyxla.data import send_to_device as _send_to_device
-from lazyxla import rng as _rng
+from lazyxla.ir import rng as _rng
 from lazyxla.distributed import world as _world
 from lazyxla.runtime import device_type as _device_type
 

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .ir import Node, OpSig, Slot, TensorMeta, data_leaf
-from .backend.xla import scalar_array
+from .node import Node, OpSig, Slot, TensorMeta, data_leaf
+from ..backend.xla import scalar_array
 
 DEFAULT_SEED = 101
 _M64 = (1 << 64) - 1
