@@ -12,6 +12,13 @@ For torch_xla's training-loop helpers: ``add_step_closure`` (``closures``), ``co
 ``step`` (``compiled_step``), ``lazyxla.data.DeviceLoader``, ``lazyxla.experimental.eager_mode``,
 ``lazyxla.progress`` (rate tracker, ``master_print``); ``lazyxla run SCRIPT`` runs a torch_xla
 script unchanged (``lazyxla.compat``).
+
+The package reads as the data flows (docs/design.md, "Layers"): ``frontend`` (torch op -> IR
+node), ``ir``, ``engine`` (sync, value read), ``keys`` (collect, graph hash), ``compiler``
+(caches, compile), ``dynamic`` and ``rolling`` (a missed graph padded or rolled), ``lowering``,
+``run`` (execute, buffers, tensors' values), ``backend`` (JAX); ``debug`` listens to the
+engine; above the front end ``regions`` (torch.compile, scan), ``optim``, ``replay``, ``hf``,
+``distributed``; on top ``tools``, ``compat`` and ``cli``. Each stage imports only those below it (``lint-imports``).
 """
 from __future__ import annotations
 

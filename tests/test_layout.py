@@ -1,9 +1,10 @@
-"""The package's layout rules (docs/design.md, "Data flow and module ownership"): imports run
-one way (no module imports itself back through others), JAX's private API is reached from
-one module, the environment is read through one module, and ``import lazyxla`` alone makes
-every diagnostic usable."""
-import ast
+"""The package's layout rules (docs/design.md, "Layers"): each stage imports only the stages
+below it and no package's modules import each other in a circle (import-linter's contracts in
+pyproject.toml, shown to fail on a wrong-way import), JAX's private API is reached from one
+module, the environment is read through one module, and ``import lazyxla`` alone makes every
+diagnostic usable."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -23,49 +24,44 @@ def _modules():
     return out
 
 
-def _imports(name, path, modules):
-    """lazyxla modules that ``name`` imports (any import statement, at any depth)."""
-    tree = ast.parse(open(path).read())
-    pkg = name if path.endswith("__init__.py") else name.rsplit(".", 1)[0]
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = pkg.split(".")
-                parts = parts[:len(parts) - node.level + 1]
-                base = ".".join(parts + ([base] if base else []))
-            for alias in node.names:
-                cand = f"{base}.{alias.name}"
-                found.add(cand if cand in modules else base)
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-    return {m for m in found if m in modules and m != name}
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # holds pyproject.toml and tests/
 
 
-def test_imports_run_one_way():
-    modules = _modules()
-    graph = {m: _imports(m, p, modules) for m, p in modules.items()}
-    # a package's __init__ may import its own submodules (that is how a package exposes them)
-    for m in graph:
-        graph[m] = {d for d in graph[m] if not (d.startswith(m + ".") and modules[m].endswith("__init__.py"))
-                    and not (m.startswith(d + ".") and modules[d].endswith("__init__.py") and
-                             os.path.dirname(modules[m]) == os.path.dirname(modules[d]))}
-    state, cycles = {}, []
+def _lint_imports(root):
+    """lint-imports (import-linter, pinned in the test extra) over the ``lazyxla`` package under
+    ``root`` with the contracts of ``root``'s pyproject.toml: (exit code, what it printed)."""
+    code = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+    r = subprocess.run([sys.executable, "-c", code, os.path.join(root, "pyproject.toml"), "--no-cache", "--no-logo"],
+                       cwd=root, env=dict(os.environ, PYTHONPATH=root), capture_output=True, text=True, timeout=300)
+    return r.returncode, r.stdout + r.stderr
 
-    def visit(m, stack):
-        state[m] = 1
-        for d in sorted(graph[m]):
-            if state.get(d) == 1:
-                cycles.append(stack[stack.index(d):] + [d])
-            elif d not in state:
-                visit(d, stack + [d])
-        state[m] = 2
 
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [m])
-    assert not cycles, "import circles: " + "; ".join(" -> ".join(c) for c in cycles)
+def test_stages_import_only_downward_and_no_package_has_a_circle():
+    rc, out = _lint_imports(CHECKOUT)
+    assert rc == 0, out
+    assert "stages import only the stages below them KEPT" in out, out
+    assert "no modules of one package import each other in a circle KEPT" in out, out
+
+
+def test_a_wrong_way_import_a_circle_and_a_stage_not_in_the_layers_each_break_the_contracts(tmp_path):
+    """The contracts can fail: on a copy of the package, an upward import (the IR importing the
+    front end), a circle inside one package (dynamic's messages importing its planner, which
+    imports them) and a new top-level module no layer names are each reported."""
+    shutil.copytree(PKG, tmp_path / "lazyxla", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(os.path.join(CHECKOUT, "pyproject.toml"), tmp_path)
+    with open(tmp_path / "lazyxla" / "ir" / "node.py", "a") as f:
+        f.write("\nfrom ..frontend import tensor as _upward  # noqa: E402,F401\n")
+    with open(tmp_path / "lazyxla" / "dynamic" / "messages.py", "a") as f:
+        f.write("\nfrom . import planner as _back  # noqa: E402,F401\n")
+    (tmp_path / "lazyxla" / "new_stage.py").write_text('"""A module put where no layer names it."""\n')
+    rc, out = _lint_imports(str(tmp_path))
+    assert rc == 1, out
+    assert "stages import only the stages below them BROKEN" in out, out
+    assert "lazyxla.ir is not allowed to import lazyxla.frontend" in out, out
+    assert "lazyxla.ir.node -> lazyxla.frontend.tensor" in out, out
+    assert "new_stage" in out, out  # exhaustive: every child of lazyxla sits in a layer
+    assert "no modules of one package import each other in a circle BROKEN" in out, out
+    assert "No cycles are allowed in lazyxla.dynamic." in out and "- .messages -> .planner" in out, out
 
 
 def _grep(text):

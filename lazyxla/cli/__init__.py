@@ -4,13 +4,15 @@ Subcommands live in ``SUBCOMMANDS``, a dict of name -> ``(add_arguments, handler
 ``add_arguments(parser)`` declares the subcommand's options, ``handler(args)`` runs it and
 returns an exit code (``None`` means 0), ``help`` is its one-line description. To add one,
 write the two functions (a module of this package, or the module whose job the command is,
-as ``lazyxla.coverage``) and add an entry; ``main`` needs no change. Here: ``demo``
-(``lazyxla.demo``), ``explain`` (``cli.explain``), ``run`` (``cli.run``: a torch_xla script
-unchanged), ``cache`` (``cli.cache``) and ``coverage`` (``lazyxla.coverage``). Importing this
+as ``tools.coverage``) and add an entry; ``main`` needs no change. Here: ``demo``
+(``tools.demo``), ``explain`` (``cli.explain``), ``run`` (``cli.run``: a torch_xla script
+unchanged), ``cache`` (``cli.cache``) and ``coverage`` (``tools.coverage``). Importing this
 package imports lazyxla (torch and JAX) anyway, so the subcommands' modules are imported up
 front.
 
 May touch: whatever the chosen subcommand touches; nothing itself.
+
+The top floor: it may import anything of the package; only ``__main__`` imports it.
 """
 from __future__ import annotations
 

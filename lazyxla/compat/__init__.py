@@ -16,6 +16,8 @@ name lazyxla does not offer raises ``NotOffered`` (a ``NotImplementedError``, an
 
 May touch: ``sys.meta_path``, ``sys.modules`` (the torch_xla names), multiprocessing's spawn
 preparation (wrapped once).
+
+Above the public API, which it forwards to; only ``cli`` (``lazyxla run``) imports it.
 """
 from __future__ import annotations
 

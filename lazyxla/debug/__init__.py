@@ -12,6 +12,10 @@ executor's code with its values (``lazyxla explain --walk``); ``report`` is torc
 ``install()`` subscribes the diagnostics to the executor's events, once; ``import lazyxla``
 calls it, so everything here works after ``import lazyxla`` alone.
 May touch: its subscribers' state; reads the compilation cache.
+
+Diagnostics listen to the engine (``events``) and read its caches: they sit above the engine
+and below the front end. May import: ``engine``, ``keys``, ``dynamic``, ``compiler``,
+``rolling``, ``run``, ``ir``, ``backend`` and the shared modules.
 """
 from __future__ import annotations
 

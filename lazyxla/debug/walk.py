@@ -113,8 +113,8 @@ _BY_NAME = {s.name: s for s in STAGES}
 
 
 def _package_root() -> str:
-    import lazyxla
-    return os.path.dirname(os.path.dirname(os.path.abspath(lazyxla.__file__)))
+    """The folder that holds the ``lazyxla`` package (this file is ``lazyxla/debug/walk.py``)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def stage_source(stage: Stage) -> dict:

@@ -3,7 +3,12 @@
 ``collectives`` (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``, ``broadcast_``,
 ``optimizer_step``, ``gradients``, ``rendezvous``, recorded in the lazy graph); ``host`` (``launch``,
 ``mesh_reduce``, ``broadcast_params``, ``host_copy``: work between processes on the host);
-``set_replication`` (torch_xla's: checks the device, joins a launched job). Touches nothing itself."""
+``set_replication`` (torch_xla's: checks the device, joins a launched job). Touches nothing itself.
+
+Beside ``hf``, on top of capture and replay. May import: ``frontend`` (lazy tensors, the
+parameters' names), ``engine``, ``compiler``, ``run``, ``lowering`` (the collectives'
+lowerings), ``ir``, ``backend`` and the shared modules.
+"""
 from .world import init, set_replication, spawn  # noqa: F401
 from .collectives import (REDUCE_MAX, REDUCE_MIN, REDUCE_SUM, all_gather, all_reduce, broadcast,  # noqa: F401
                           broadcast_, gradients, optimizer_step, reduce_gradients, reduce_scatter, rendezvous)

@@ -19,6 +19,7 @@ from ..errors import LazyXlaError
 from ..ir.node import Node, OpSig, Slot, TensorMeta
 from ..ir.user_line import fmt_where, user_frame
 from ..lowering import lower_all_gather, lower_all_reduce, lower_broadcast, lower_reduce_scatter
+from ..engine.executor import sync
 from ..run.storage import fresh
 from ..frontend.tensor import LazyTensor
 from . import world
@@ -169,7 +170,6 @@ def optimizer_step(optimizer, barrier=False, optimizer_args=None, groups=None, p
     reduce_gradients(optimizer, groups=groups)
     loss = optimizer.step(**(optimizer_args or {}))
     if barrier:
-        from .. import sync
         sync()
     return loss
 

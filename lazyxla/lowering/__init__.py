@@ -1,4 +1,7 @@
-"""Lowerings: ATen ops as JAX functions, and the program built from a post-order.
+"""Lowering (stage 8 of the flow: ... cache -> **lower** -> compile -> execute): ATen ops as JAX
+functions, and the program built from a post-order. A library every stage below the engine
+calls: ``compiler`` lowers programs with it, ``run`` the writes through views, ``rolling`` reads
+its schema facts; it imports only ``ir``, ``backend`` and the shared modules.
 
 A lowering is ``fn(sig, *args, **kwargs)``: ``args``/``kwargs`` are the op call as PyTorch
 made it, with every tensor (and every scalar that became device data) replaced by a JAX

@@ -102,7 +102,7 @@ it is today's.
 
 Every OpInfo of PyTorch's `op_db` that supports float32 on the CPU and is not random, on its
 first {samples} float32 samples, run on eager CPU and on `lazyxla.device()`, compared
-(`lazyxla/opinfo_check.py` says how). Per OpInfo: *ok* (every sample matches, no `aten::*`
+(`lazyxla/tools/opinfo/` says how). Per OpInfo: *ok* (every sample matches, no `aten::*`
 counter moved), *fallback* (matches, but some `aten::*` counter moved: part of the op ran on the
 CPU, or the op read a value to the host), *wrong* (a value, shape or dtype differs), *error*
 (lazyxla raised where eager did not), *refused* (lazyxla raised, on purpose, the error that
