@@ -22,7 +22,7 @@ import time
 t_start = time.perf_counter()
 import torch, torch.nn.functional as F
 import lazyxla
-from lazyxla import demo
+from lazyxla.tools import demo
 import lazyxla.debug.metrics as met
 x_tr, y_tr, _, _ = demo.load_data()  # the data set is not the framework's cost
 t_import = time.perf_counter()

@@ -15,7 +15,8 @@ import textwrap
 
 CHILD = """
 import time, torch, jax, lazyxla
-from lazyxla import execution, executor
+from lazyxla.run import execution
+from lazyxla.engine import executor
 from lazyxla.compiler.cache import computation_cache
 d = lazyxla.device()
 ts = [torch.full((4,), float(i)).to(d) for i in range({n})]
