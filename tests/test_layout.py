@@ -109,3 +109,31 @@ def test_a_changed_jax_internal_is_an_error_naming_the_module(monkeypatch):
             pass
     with pytest.raises(JaxInternalsChanged, match=r"lazyxla/backend/jax_internals\.py"):
         kept_arguments(object(), 3)
+
+
+def test_every_lazyxla_name_the_readme_and_the_design_name_still_resolves():
+    """The public face did not move with the modules: each dotted ``lazyxla.*`` name the README
+    and docs/design.md write (``lazyxla.debug.metrics``, ``lazyxla.hf.generate``,
+    ``lazyxla.data.DeviceLoader``, ``lazyxla.distributed.spmd.mark_sharding``, ...) imports, and
+    so does every name of ``lazyxla.__all__``."""
+    import importlib
+    import re
+    text = "".join(open(os.path.join(CHECKOUT, f)).read() for f in ("README.md", os.path.join("docs", "design.md")))
+    names = set(re.findall(r"(?<![\w.])lazyxla(?:\.[A-Za-z_]\w*)+", text))
+    names |= {f"lazyxla.{n}" for n in lazyxla.__all__}
+    assert len(names) > 40
+    unresolved = []
+    for name in sorted(names):
+        parts = name.split(".")
+        for i in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+                break
+            except ImportError:
+                continue
+        try:
+            for p in parts[i:]:
+                obj = getattr(obj, p)
+        except AttributeError:
+            unresolved.append(name)
+    assert unresolved == []
