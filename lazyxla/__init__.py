@@ -16,7 +16,7 @@ script unchanged (``lazyxla.compat``).
 The package reads as the data flows (docs/design.md, "Layers"): ``frontend`` (torch op -> IR
 node), ``ir``, ``engine`` (sync, value read), ``keys`` (collect, graph hash), ``compiler``
 (caches, compile), ``dynamic`` and ``rolling`` (a missed graph padded or rolled), ``lowering``,
-``run`` (execute, buffers, tensors' values), ``backend`` (JAX); ``debug`` listens to the
+``run`` (execute, buffers, tensors' values), ``xla`` (JAX); ``debug`` listens to the
 engine; above the front end ``regions`` (torch.compile, scan), ``optim``, ``replay``, ``hf``,
 ``distributed``; on top ``tools``, ``compat`` and ``cli``. Each stage imports only those below it (``lint-imports``).
 """

@@ -24,7 +24,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from .engine import executor
-from .backend import xla
+from .xla import client as xla
 from .ir.node import TensorMeta
 from .run.storage import device_data
 from .frontend.tensor import LazyTensor

@@ -15,7 +15,7 @@ import jax
 
 from .ir import rng
 from .run import storage
-from .backend import xla
+from .xla import client as xla
 from .distributed import world as _world
 from .errors import LazyXlaError
 from .compiler.persistent_cache import initialize_cache

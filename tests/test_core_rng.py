@@ -202,7 +202,7 @@ def test_each_random_op_draws_from_the_next_seed_of_the_chain():
     wrap) from the step's seed: its numbers are JAX's for that seed."""
     import jax
     import jax.numpy as jnp
-    from lazyxla.backend.xla import PRNG_IMPL
+    from lazyxla.xla.client import PRNG_IMPL
 
     n = fresh()
     lazyxla.manual_seed(77)

@@ -73,7 +73,7 @@ def _grep(text):
 
 
 def test_jax_private_api_only_in_jax_internals():
-    assert _grep("jax._src") == ["lazyxla.backend.jax_internals"]
+    assert _grep("jax._src") == ["lazyxla.xla.jax_internals"]
 
 
 def test_environment_read_only_through_config():
@@ -95,19 +95,19 @@ def test_import_lazyxla_alone_makes_debug_usable():
 
 def test_jax_is_the_version_its_internals_were_checked_against():
     import jax
-    from lazyxla.backend.jax_internals import CHECKED_JAX
-    assert jax.__version__ == CHECKED_JAX, "re-check lazyxla/backend/jax_internals.py against this JAX, then update CHECKED_JAX"
+    from lazyxla.xla.jax_internals import CHECKED_JAX
+    assert jax.__version__ == CHECKED_JAX, "re-check lazyxla/xla/jax_internals.py against this JAX, then update CHECKED_JAX"
 
 
 def test_a_changed_jax_internal_is_an_error_naming_the_module(monkeypatch):
     import pytest
     from jax._src import dispatch as jax_dispatch
-    from lazyxla.backend.jax_internals import JaxInternalsChanged, kept_arguments, tupled_parameters
+    from lazyxla.xla.jax_internals import JaxInternalsChanged, kept_arguments, tupled_parameters
     monkeypatch.delattr(jax_dispatch, "should_tuple_args")
-    with pytest.raises(JaxInternalsChanged, match=r"lazyxla\.backend\.jax_internals: jax\._src\.dispatch\.should_tuple_args"):
+    with pytest.raises(JaxInternalsChanged, match=r"lazyxla\.xla\.jax_internals: jax\._src\.dispatch\.should_tuple_args"):
         with tupled_parameters(True):
             pass
-    with pytest.raises(JaxInternalsChanged, match=r"lazyxla/backend/jax_internals\.py"):
+    with pytest.raises(JaxInternalsChanged, match=r"lazyxla/xla/jax_internals\.py"):
         kept_arguments(object(), 3)
 
 

@@ -17,7 +17,7 @@ import torch
 
 import lazyxla  # noqa: F401  (enables JAX 64-bit mode)
 from lazyxla.lowering import LOWERINGS
-from lazyxla.backend.xla import jnp_dtype
+from lazyxla.xla.client import jnp_dtype
 
 aten = torch.ops.aten
 

@@ -115,8 +115,8 @@ SCRIPT = textwrap.dedent('''
         (torch.ones(4, device=D) * 2).cpu()
     except Exception as e:
         out["auto_compile"] = str(e)
-    import lazyxla.backend.xla
-    lazyxla.backend.xla.set_spmd(True, False)  # back to manual sharding for the training runs
+    import lazyxla.xla.client
+    lazyxla.xla.client.set_spmd(True, False)  # back to manual sharding for the training runs
 
     out["fsdp"] = train("fsdp")
     out["2d"] = train("2d")

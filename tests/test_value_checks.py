@@ -153,7 +153,7 @@ def test_a_wait_raises_it_as_an_index_error():
 
 OFF = """
 import json, torch, lazyxla
-from lazyxla.backend import xla
+from lazyxla.xla import client as xla
 x = torch.arange(6.).reshape(3, 2).to(lazyxla.device())
 idx = torch.tensor([[5, 0]]).to(lazyxla.device())
 y = torch.gather(x, 0, idx)

@@ -8,5 +8,5 @@ compiled through ``jax.jit``; parameter wrapping (R11), XLA's options per progra
 the workspace of a rolled program's loops).
 
 May import: ``rolling``, ``run`` (``execution``: the compiled program's calls), ``lowering``,
-``ir``, ``backend`` and the shared modules.
+``ir``, ``xla`` and the shared modules.
 """

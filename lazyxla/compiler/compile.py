@@ -32,9 +32,9 @@ from .. import metrics, rolling
 from ..config import env_int
 from ..run.execution import ExecutionError
 from ..ir.user_line import fmt_where
-from ..backend.jax_internals import tupled_parameters
+from ..xla.jax_internals import tupled_parameters
 from ..lowering import build_program, row_args
-from ..backend.xla import compile_environment, jnp_dtype, process_mesh, row_indices, spmd, zeros
+from ..xla.client import compile_environment, jnp_dtype, process_mesh, row_indices, spmd, zeros
 
 WRAP_THRESHOLD = env_int("XLA_PARAMETER_WRAPPING_THREADSHOLD", 3200)
 

@@ -15,7 +15,7 @@ May touch: its subscribers' state; reads the compilation cache.
 
 Diagnostics listen to the engine (``events``) and read its caches: they sit above the engine
 and below the front end. May import: ``engine``, ``keys``, ``dynamic``, ``compiler``,
-``rolling``, ``run``, ``ir``, ``backend`` and the shared modules.
+``rolling``, ``run``, ``ir``, ``xla`` and the shared modules.
 """
 from __future__ import annotations
 

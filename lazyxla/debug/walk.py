@@ -49,7 +49,7 @@ from ..engine.executor import PARAM_ALIASING, buffer_donors
 from ..keys.graph_hash import SITES
 from ..ir.user_line import fmt_where, resolve_site, user_site
 from ..run.storage import SHARDING_OP
-from ..backend.xla import auto_sharding
+from ..xla.client import auto_sharding
 from . import explain
 
 ORDER = ("cache", "arena", "rng", "hash", "lookup", "donation", "lowering", "execute")

@@ -7,7 +7,7 @@
 
 Beside ``hf``, on top of capture and replay. May import: ``frontend`` (lazy tensors, the
 parameters' names), ``engine``, ``compiler``, ``run``, ``lowering`` (the collectives'
-lowerings), ``ir``, ``backend`` and the shared modules.
+lowerings), ``ir``, ``xla`` and the shared modules.
 """
 from .world import init, set_replication, spawn  # noqa: F401
 from .collectives import (REDUCE_MAX, REDUCE_MIN, REDUCE_SUM, all_gather, all_reduce, broadcast,  # noqa: F401

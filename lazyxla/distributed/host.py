@@ -23,7 +23,7 @@ import itertools
 import torch
 from torch.utils._pytree import tree_map
 
-from ..backend import jax_internals
+from ..xla import jax_internals
 from ..config import env_str
 from ..engine.executor import sync
 from . import world

@@ -25,10 +25,10 @@ from ..errors import LazyXlaError
 from ..run.execution import resolve
 from ..ir.node import TensorMeta
 from ..ir.user_line import fmt_where, user_frame
-from ..backend.jax_internals import hlo_sharding_text
+from ..xla.jax_internals import hlo_sharding_text
 from ..run.storage import SHARDING_OP, Storage, TensorState, constrained
 from ..frontend.tensor import LazyTensor
-from ..backend import xla
+from ..xla import client as xla
 
 __all__ = ["Mesh", "get_1d_mesh", "set_global_mesh", "get_global_mesh", "mark_sharding", "clear_sharding",
            "get_sharding_spec", "global_tensor"]

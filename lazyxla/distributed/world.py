@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..run import execution
-from ..backend import jax_internals, xla
+from ..xla import jax_internals, client as xla
 from ..config import env_int, env_str
 from ..errors import LazyXlaError
 from ..lowering import PROCESS_AXIS as AXIS  # the process axis that the collectives reduce over

@@ -9,7 +9,7 @@ as the exact graph), ``planner`` (``plan``, ``observe``, ``refuse``: the stage's
 engine) and ``messages`` (what it tells the recompile log).
 
 May import: ``run`` (which buffers the host sent), ``lowering`` (the padding rules), ``ir``,
-``backend`` and the shared modules. Imported by ``engine`` (the lookup), ``debug`` and ``hf``.
+``xla`` and the shared modules. Imported by ``engine`` (the lookup), ``debug`` and ``hf``.
 Knows nothing about torch ops beyond the rule table.
 
 The face below is what other stages call.

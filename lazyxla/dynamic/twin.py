@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..backend.xla import leading, pad_zeros, scalar_array
+from ..xla.client import leading, pad_zeros, scalar_array
 from ..ir.node import DEVICE_DATA, Node, OpSig, Slot, TensorMeta
 from ..lowering import padding
 from .bounds import Cost

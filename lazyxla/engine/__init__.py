@@ -8,5 +8,5 @@ answered by PyTorch on the host: no program, R17.4), ``eager`` (eager mode: each
 run at once) and ``closures`` (step closures, run after each sync's program).
 
 May import: ``keys`` and ``dynamic`` (the key, the padded twin), ``compiler``, ``run``,
-``lowering``, ``ir``, ``backend`` and the shared modules; it never calls back into the front end.
+``lowering``, ``ir``, ``xla`` and the shared modules; it never calls back into the front end.
 """

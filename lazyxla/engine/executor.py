@@ -36,7 +36,7 @@ from ..keys.graph_hash import FoldTrace, KeyRequest, compute
 from ..run.storage import Storage, next_step, pending, reads_on_host, take_host, view_on_host
 from ..errors import LazyXlaError
 from ..dynamic import PaddedCall
-from ..backend.xla import auto_sharding, download, process_mesh, spmd
+from ..xla.client import auto_sharding, download, process_mesh, spmd
 
 # R9.2: XLA_ENABLE_PARAM_ALIASING=0 turns buffer donation off (read once).
 PARAM_ALIASING = env_flag("XLA_ENABLE_PARAM_ALIASING", True)

@@ -30,7 +30,7 @@ from ..lowering import is_random
 from ..lowering.program import instantiate
 from ..dynamic import observe
 from ..run.storage import uploaded_this_step
-from ..backend.xla import download
+from ..xla.client import download
 
 _CPU = torch.device("cpu")
 ENABLED = env_flag("LAZYXLA_HOST_READS", True)

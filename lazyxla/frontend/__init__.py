@@ -13,7 +13,7 @@ fallback), ``autocast`` (``torch.autocast("lazyxla")``'s policy) and ``param_mov
 (``model.to(device)``: new Parameters, their names, tied weights kept tied).
 
 May import: ``engine`` (a value read, eager mode), ``compiler`` (the persistent
-cache's memory of lowering checks), ``run``, ``lowering``, ``ir``, ``backend`` and the shared
+cache's memory of lowering checks), ``run``, ``lowering``, ``ir``, ``xla`` and the shared
 modules. Imported by ``regions``, ``optim``, ``replay`` and everything above them; the stages
 below never call back into it.
 """

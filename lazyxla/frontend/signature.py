@@ -39,7 +39,7 @@ from .device import is_lazy
 from ..errors import LazyXlaError
 from ..ir.node import OpSig, Slot, TensorMeta
 from ..ir.user_line import fmt_where
-from ..backend.xla import jnp_dtype
+from ..xla.client import jnp_dtype
 
 # R1.5: XLA_NO_SPECIAL_SCALARS=1 makes 0, 1 and -1 device data like every other scalar.
 NO_SPECIAL_SCALARS = env_flag("XLA_NO_SPECIAL_SCALARS", False)

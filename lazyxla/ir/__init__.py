@@ -6,6 +6,6 @@ its 128-bit hash, fixed when the node is made (R1.3, R1.4); ``post_order``, ``sk
 ``user_line`` (the user's Python line a node was recorded at, taken cheaply and resolved when
 read) and ``rng`` (the random seed as a small graph of its own, R8).
 
-May import: ``lazyxla.backend`` and the shared modules (``hashing``, ``config``, ``metrics``).
+May import: ``lazyxla.xla`` and the shared modules (``hashing``, ``config``, ``metrics``).
 Every stage above imports it; it imports no stage.
 """

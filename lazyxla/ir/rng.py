@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import torch
 
 from .node import Node, OpSig, Slot, TensorMeta, data_leaf
-from ..backend.xla import scalar_array
+from ..xla.client import scalar_array
 
 DEFAULT_SEED = 101
 _M64 = (1 << 64) - 1

@@ -26,7 +26,7 @@ from ..config import env_str
 from ..hashing import encode, fold, merge
 from ..ir.user_line import fmt_where
 from ..ir.node import skeleton
-from ..backend.xla import compile_environment
+from ..xla.client import compile_environment
 
 
 class KeyRequest:

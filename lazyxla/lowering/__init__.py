@@ -1,7 +1,7 @@
 """Lowering (stage 8 of the flow: ... cache -> **lower** -> compile -> execute): ATen ops as JAX
 functions, and the program built from a post-order. A library every stage below the engine
 calls: ``compiler`` lowers programs with it, ``run`` the writes through views, ``rolling`` reads
-its schema facts; it imports only ``ir``, ``backend`` and the shared modules.
+its schema facts; it imports only ``ir``, ``xla`` and the shared modules.
 
 A lowering is ``fn(sig, *args, **kwargs)``: ``args``/``kwargs`` are the op call as PyTorch
 made it, with every tensor (and every scalar that became device data) replaced by a JAX
@@ -12,7 +12,7 @@ Random ops receive the step's seed (int64) as ``__seed__``.
 
 Modules. Imports run one way: the families and ``program`` import ``registry`` (several
 families also ``nn_helpers``), never this file, which imports them all and defines nothing
-itself; outside the package, lowering imports only ``lazyxla.ir`` and ``lazyxla.backend``,
+itself; outside the package, lowering imports only ``lazyxla.ir`` and ``lazyxla.xla``,
 which never import it.
 - ``registry``: the registries LOWERINGS, RANDOM, STATIC_ARGS, ZERO_D_AS_VECTOR,
   SHAPE_RULES (output shapes of ops PyTorch has no meta kernel for), OUTPUT_DTYPES (the CPU

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ..backend.xla import jnp_dtype
+from ..xla.client import jnp_dtype
 from .layer_norm import stats_dtype
 from .nn_helpers import _f, _masked, _s
 from .registry import DECOMPOSITIONS, register

@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from ..backend.xla import jnp_dtype
+from ..xla.client import jnp_dtype
 from .registry import register
 
 

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from ..backend.xla import jnp_dtype
+from ..xla.client import jnp_dtype
 from .program import check_index
 from .registry import register
 

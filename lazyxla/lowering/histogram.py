@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ..backend.xla import jnp_dtype
+from ..xla.client import jnp_dtype
 from .registry import register, shape_rule
 
 

@@ -57,7 +57,7 @@ import jax.scipy.linalg as jsl
 import torch
 from jax import lax
 
-from ..backend.xla import jnp_dtype
+from ..xla.client import jnp_dtype
 from .registry import DECOMPOSITIONS, register, shape_rule
 
 aten = torch.ops.aten

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..backend.xla import jnp_dtype
+from ..xla.client import jnp_dtype
 from .registry import register
 
 HI = jax.lax.Precision.HIGHEST

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..config import env_flag
 from ..ir.node import Node, Slot
-from ..backend.xla import jnp_dtype
+from ..xla.client import jnp_dtype
 from .registry import ZERO_D_AS_VECTOR
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..backend.xla import PRNG_IMPL, jnp_dtype
+from ..xla.client import PRNG_IMPL, jnp_dtype
 from .program import report
 from .registry import register
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..backend.xla import jnp_dtype
+from ..xla.client import jnp_dtype
 from .registry import register
 
 

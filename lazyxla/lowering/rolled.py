@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..backend.xla import jnp_dtype
+from ..xla.client import jnp_dtype
 from . import program
 
 

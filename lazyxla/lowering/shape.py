@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..backend.xla import jnp_dtype
+from ..xla.client import jnp_dtype
 from .program import read_row, stack_rows
 from .registry import register
 

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.special as jss
 
-from ..backend.xla import jnp_dtype
+from ..xla.client import jnp_dtype
 from .registry import register
 
 _EULER = 0.57721566490153286061

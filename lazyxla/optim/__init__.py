@@ -10,6 +10,6 @@ SGD step as one node) and ``running_stats`` (batch norm in training as one node 
 writes the running mean and variance).
 
 May import: ``regions`` (``CAPTURING``; ``scan``'s stacked gradients), ``frontend``,
-``engine``, ``rolling`` (how deep a loop must be), ``run``, ``lowering``, ``ir``, ``backend``
+``engine``, ``rolling`` (how deep a loop must be), ``run``, ``lowering``, ``ir``, ``xla``
 and the shared modules. Each module's ``install()`` is called once by ``import lazyxla``.
 """

@@ -40,7 +40,7 @@ from ..run import storage
 from ..config import env_flag
 from .state import host_rewrites_allowed
 from ..frontend.tensor import LazyTensor, reroute
-from ..backend.xla import download, scalar_array
+from ..xla.client import download, scalar_array
 
 ENABLED = env_flag("LAZYXLA_HOST_STEP_COUNTS", True)
 _FOREACH_ADD = torch.ops.aten._foreach_add_.Scalar

@@ -21,7 +21,7 @@ from .. import metrics
 from ..frontend import ops
 from ..run import storage
 from ..frontend.tensor import DeviceStorage, LazyTensor, _tensor
-from ..backend.xla import download
+from ..xla.client import download
 
 aten = torch.ops.aten
 

@@ -42,7 +42,7 @@ from ..config import env_flag
 from ..engine.host_reads import run_op
 from ..frontend.signature import AsData
 from ..frontend.tensor import LazyTensor, reroute
-from ..backend.xla import download, process_mesh, spmd
+from ..xla.client import download, process_mesh, spmd
 
 ENABLED = env_flag("LAZYXLA_OPTIMIZER_STATE_AS_DATA", True)
 aten = torch.ops.aten

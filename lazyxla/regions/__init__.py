@@ -9,5 +9,5 @@ Dynamo, checked against the pinned torch) and ``scan`` (``lazyxla.scan``, ``scan
 traced once, one ``lazyxla::scan`` node lowered to ``lax.scan``; its backward ``jax.vjp``).
 
 May import: ``frontend``, ``engine`` (the read guard), ``run``, ``lowering``, ``ir``,
-``backend`` and the shared modules.
+``xla`` and the shared modules.
 """

@@ -9,6 +9,6 @@ what is frozen, the checks of every replay, the run and its outputs), ``graphs``
 read guard, ``replay=True``).
 
 May import: ``optim`` (step counts a capture gives buffers of their own), ``frontend``,
-``debug`` (explaining a key that changed), ``engine``, ``run``, ``ir``, ``backend`` and the
+``debug`` (explaining a key that changed), ``engine``, ``run``, ``ir``, ``xla`` and the
 shared modules.
 """

@@ -46,7 +46,7 @@ from ..ir.node import data_sig
 from ..ir.user_line import fmt_where
 from ..run.storage import SCALAR_LEAVES, TensorState
 from ..frontend.tensor import LazyTensor
-from ..backend.xla import copy_array, spmd
+from ..xla.client import copy_array, spmd
 
 _weakref = weakref.ref
 _COUNTERS = metrics.COUNTERS

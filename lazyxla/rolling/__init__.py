@@ -30,7 +30,7 @@ inputs and outputs), ``iterations`` (one iteration's nodes, role by role), ``loo
 what lowering receives; ``lowering.rolled`` lowers it as one ``lax.scan``), ``settings`` (the
 knobs, read at every roll).
 
-May import: ``lowering`` (``rolled``, ``program``, ``is_view``), ``ir``, ``backend`` and the
+May import: ``lowering`` (``rolled``, ``program``, ``is_view``), ``ir``, ``xla`` and the
 shared modules. Imported by ``compiler`` (a miss rolls before it lowers), ``optim``
 (``param_stacks``: stacks as deep as a loop) and ``debug``.
 """

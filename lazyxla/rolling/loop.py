@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import jax
 
-from ..backend.xla import jnp_dtype
+from ..xla.client import jnp_dtype
 from ..lowering.rolled import lower_loop
 
 

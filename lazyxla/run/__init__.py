@@ -7,6 +7,6 @@ pending IR or device data; views and writes through them; the arena of live tens
 order; scalars as device data, R1.5; views of device data read on the host).
 
 May import: ``lowering`` (the lowerings of the nodes a write through a view records), ``ir``,
-``backend`` and the shared modules. The engine, the key stage and the front end read values
+``xla`` and the shared modules. The engine, the key stage and the front end read values
 only through it.
 """

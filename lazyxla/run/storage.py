@@ -38,10 +38,10 @@ from .. import metrics
 from ..errors import LazyXlaError
 from ..ir.node import _DATA_SIGS, Node, OpSig, Slot, TensorMeta, data_leaf, data_sig
 from ..ir.user_line import fmt_where, user_frame
-from ..backend.jax_internals import hlo_sharding_text
+from ..xla.jax_internals import hlo_sharding_text
 from ..lowering import lower_convert, lower_sharding, lower_view_scatter
 from ..lowering.program import instantiate
-from ..backend.xla import TORCH_TO_JNP, scalar_array, sharding_tag, spmd, upload as _upload_array
+from ..xla.client import TORCH_TO_JNP, scalar_array, sharding_tag, spmd, upload as _upload_array
 
 SHARDING_OP = "xla::sharding"  # torch_xla's custom-call name for a sharding annotation
 

@@ -41,9 +41,9 @@ import warnings
 
 import jax
 
-from ...backend import jax_internals
+from ...xla import jax_internals
 from ... import metrics
-from ...backend import xla
+from ...xla import client as xla
 from ...config import env_str
 from ...files import write_atomic
 from .entry import FORMAT_VERSION, _BadEntry, decode_entry, encode_entry, peek_meta, spec_list

@@ -39,9 +39,9 @@ class JaxInternalsChanged(RuntimeError):
 
 def _changed(what: str, e: Exception) -> JaxInternalsChanged:
     return JaxInternalsChanged(
-        f"lazyxla.backend.jax_internals: {what} is not as in JAX {CHECKED_JAX}, which lazyxla was checked against "
+        f"lazyxla.xla.jax_internals: {what} is not as in JAX {CHECKED_JAX}, which lazyxla was checked against "
         f"(this is JAX {jax.__version__}): {type(e).__name__}: {e}. Install the JAX version pinned in "
-        f"lazyxla's pyproject.toml, or update lazyxla/backend/jax_internals.py.")
+        f"lazyxla's pyproject.toml, or update lazyxla/xla/jax_internals.py.")
 
 
 _WRAP_LOCK = threading.Lock()

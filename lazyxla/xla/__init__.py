@@ -1,7 +1,7 @@
-"""JAX as lazyxla's backend (the floor under every stage): the device, transfers, dtypes, the
-compile environment, and every use of JAX's private API.
+"""XLA through JAX (the floor under every stage): the devices, transfers, dtypes, the compile
+environment, and every use of JAX's private API.
 
-Holds ``xla`` (JAX's devices, SPMD and the process mesh, uploads and downloads, torch <-> JAX
+Holds ``client`` (JAX's devices, SPMD and the process mesh, uploads and downloads, torch <-> JAX
 dtypes, the compile environment folded into every key, R3.2) and ``jax_internals`` (each
 private JAX API lazyxla uses, checked against the pinned JAX version: a change is an error
 naming it).
