@@ -26,7 +26,7 @@ import gc as _gc
 
 from .frontend import autocast as _autocast
 from .engine import closures as _closures
-from . import data, debug, events as _events, experimental, hf, progress  # noqa: F401  (public submodules)
+from . import backends, data, debug, events as _events, experimental, hf, progress  # noqa: F401  (public submodules)
 from .engine import executor as _executor
 from .frontend import kernels as _kernels
 from .ir import rng as _rng
@@ -75,7 +75,7 @@ if _env_flag("LAZYXLA_GC_FREEZE", True):
 __all__ = ["device", "sync", "mark_step", "wait_device_ops", "manual_seed", "dump_hlo", "graph_hash",
            "set_buffer_donation", "get_buffer_donation", "LazyTensor", "LazyXlaError", "ExecutionError",
            "debug", "__version__", "add_step_closure", "compile", "step", "data", "experimental",
-           "progress", "Graph", "graph", "make_graphed_callables", "mark_dynamic", "scan", "scan_layers"]
+           "progress", "backends", "Graph", "graph", "make_graphed_callables", "mark_dynamic", "scan", "scan_layers"]
 
 
 def mark_dynamic(t, dim: int, max: int = None) -> None:  # noqa: A002 - torch's name

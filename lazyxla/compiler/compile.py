@@ -32,6 +32,7 @@ from .. import metrics, rolling
 from ..config import env_int
 from ..run.execution import ExecutionError
 from ..ir.user_line import fmt_where
+from ..xla import precision
 from ..xla.jax_internals import tupled_parameters
 from ..lowering import build_program, row_args
 from ..xla.client import compile_environment, jnp_dtype, process_mesh, row_indices, spmd, zeros
@@ -229,7 +230,7 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
         fn, args, body, ws, n_rows = _function(graph, name)  # rolls the graph's layers (``CompileRollTime``)
         tf = metrics.now_ns()
         try:
-            with tupled_parameters(wrap_allowed and len(args) >= WRAP_THRESHOLD):
+            with tupled_parameters(wrap_allowed and len(args) >= WRAP_THRESHOLD), precision.scope():
                 donate = tuple(donors) + tuple(range(len(graph.params), len(graph.params) + len(ws)))
                 traced = jax.jit(fn, donate_argnums=donate).trace(*args)  # lazyxla's lowerings run here
                 t1 = metrics.now_ns()
@@ -259,7 +260,8 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
 def hlo_text(graph) -> str:
     """The program text of the graph (HLO; StableHLO where JAX offers no HLO text)."""
     fn, args, *_ = _function(graph, "IrToHlo", count=False)
-    lowered = jax.jit(fn).lower(*args)
+    with precision.scope():
+        lowered = jax.jit(fn).lower(*args)
     try:
         return lowered.compiler_ir("hlo").as_hlo_text()
     except Exception:  # noqa: BLE001 - older/newer JAX: fall back to StableHLO text

@@ -8,7 +8,8 @@ of a ``FoldTrace``. The same walk makes the key and its explanation, so the two 
 disagree.
 
 1. ``force_ltc_data``: true on a sync, false on a value read (the seed of the fold);
-2. ``environment``: ``xla.compile_environment()`` with the two build revisions (PyTorch's git
+2. ``environment``: ``xla.compile_environment()`` and the matmul precision
+   (``xla.precision``: it changes the program) with the two build revisions (PyTorch's git
    revision; lazyxla's and jaxlib's versions), merged as one;
 3. ``tensors``: one merge per synced tensor, its root IR hash, in arena order;
 4. ``parameters``: the parameter sequence of the post-order;
@@ -27,6 +28,7 @@ from ..hashing import encode, fold, merge
 from ..ir.user_line import fmt_where
 from ..ir.node import skeleton
 from ..xla.client import compile_environment
+from ..xla.precision import get_mat_mul_precision
 
 
 class KeyRequest:
@@ -44,9 +46,11 @@ class KeyRequest:
 
     def ingredients(self) -> tuple:
         """Everything the key is folded from, as one tuple: two requests with equal
-        ingredients have the same key (the environment is fixed for the process)."""
+        ingredients have the same key (the environment is fixed for the process but for the
+        matmul precision, which the user sets)."""
         return (self.force_ltc_data, tuple([v[0].vh[v[1]] for _, v in self.roots]), tuple(self.param_sequence),
-                tuple(sorted(self.donated)), bool(self.auto_sharding), env_str("XLA_AUTO_SPMD_MESH"))
+                tuple(sorted(self.donated)), bool(self.auto_sharding), env_str("XLA_AUTO_SPMD_MESH"),
+                get_mat_mul_precision())
 
 
 _TRUE, _FALSE = fold(encode(True)), fold(encode(False))
@@ -57,22 +61,24 @@ def _force_ltc_data(req):
     yield (_TRUE if on else _FALSE), f"force_ltc_data={'true' if on else 'false'}", None
 
 
-@functools.lru_cache(maxsize=1)
-def _environment_ingredient():
+@functools.lru_cache(maxsize=8)
+def _environment_ingredient(mat_mul_precision):
     env = compile_environment()
     parts = ("platform", "platform_version", "devices", "XLA_FLAGS", "XLA_IR_DEBUG", "XLA_HLO_DEBUG",
              "LAZYXLA_CHECK_VALUES", "LAZYXLA_PRNG_IMPL")
-    env_h = fold(*(encode(k) + encode(env[k]) for k in parts))
+    env_h = fold(*(encode(k) + encode(env[k]) for k in parts),
+                 encode("mat_mul_precision") + encode(mat_mul_precision))
     torch_rev = env["torch_git"]
     xla_rev = f"lazyxla {env['lazyxla']}; jaxlib {env['jaxlib']}"
     h = fold(env_h, fold(encode(torch_rev)), fold(encode(xla_rev)))
     summary = (f"{env['platform']} ({env['platform_version']}), devices {env['devices']}, "
-               f"XLA_FLAGS='{env['XLA_FLAGS']}'; torch {torch_rev[:10]}; {xla_rev}")
+               f"XLA_FLAGS='{env['XLA_FLAGS']}', mat_mul_precision={mat_mul_precision}; torch {torch_rev[:10]}; "
+               f"{xla_rev}")
     return h, summary
 
 
 def _environment(req):
-    h, summary = _environment_ingredient()
+    h, summary = _environment_ingredient(get_mat_mul_precision())
     yield h, summary, None
 
 

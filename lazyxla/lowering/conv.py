@@ -1,7 +1,7 @@
 """Convolution (forward and transposed, any number of spatial dims) and its backward.
 
-Convolutions run at HIGHEST precision so float32 matches CPU eager; the backward is the vjp
-of the forward. A 2-D convolution over many channels on a small map is lowered as one dot
+Float32 convolutions compute at the matmul precision (``xla.precision``; float32 itself on the
+CPU); the backward is the vjp of the forward. A 2-D convolution over many channels on a small map is lowered as one dot
 over its patches (``_PATCHES``): XLA:CPU's own convolution is up to 100x slower there (a 3x3
 convolution of 16x512x2x2: 286 ms against 3 ms as a dot; PyTorch's 3 ms). Touches only the
 registry.
@@ -11,8 +11,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from .nn_helpers import _HIGHEST, _f, _masked, _ntuple, _vjp
+from ..xla import precision
+from .nn_helpers import _f, _masked, _ntuple, _vjp
 from .registry import register
+
+_PRECISION = precision.of("conv")  # None: the program is traced at the setting
 
 
 # When a plain 2-D convolution (no groups, no dilation, not transposed) is a dot over its
@@ -46,7 +49,7 @@ def _patches_dot(x, w, stride, padding):
     windows = [lax.slice(xp, (0, 0, i, j), (xp.shape[0], xp.shape[1], i + sh * (ho - 1) + 1, j + sw * (wo - 1) + 1),
                          (1, 1, sh, sw)) for i in range(kh) for j in range(kw)]
     patches = jnp.stack(windows, axis=2)
-    return jnp.einsum("nckhw,ock->nohw", patches, w.reshape(w.shape[0], w.shape[1], kh * kw), precision=_HIGHEST)
+    return jnp.einsum("nckhw,ock->nohw", patches, w.reshape(w.shape[0], w.shape[1], kh * kw), precision=_PRECISION)
 
 
 def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
@@ -60,7 +63,7 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
         return lax.conv_general_dilated(
             x, w, window_strides=stride, padding=[(p, p) for p in padding],
             rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups,
-            precision=_HIGHEST)
+            precision=_PRECISION)
     # A transposed convolution is the input-gradient of a forward one: dilate the input by
     # the stride, pad by dilation*(k-1)-padding (+ output_padding at the end) and convolve
     # with the spatially flipped kernel whose in/out features are swapped per group.
@@ -74,7 +77,7 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     return lax.conv_general_dilated(
         x, wt, window_strides=(1,) * n, padding=pads, lhs_dilation=stride,
         rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups,
-        precision=_HIGHEST)
+        precision=_PRECISION)
 
 
 def _channel_shape(c, ndim):

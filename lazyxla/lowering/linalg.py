@@ -57,11 +57,12 @@ import jax.scipy.linalg as jsl
 import torch
 from jax import lax
 
+from ..xla import precision
 from ..xla.client import jnp_dtype
 from .registry import DECOMPOSITIONS, register, shape_rule
 
 aten = torch.ops.aten
-HI = lax.Precision.HIGHEST
+HI = precision.of("algorithm")  # HIGHEST at every setting
 
 
 # ---------------------------------------------------------------------------------------

@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .nn_helpers import _HIGHEST, _f, _s, _vjp
+from ..xla import precision
+from .nn_helpers import _f, _s, _vjp
 from .program import check_index
 from .registry import register, shape_rule
 
@@ -227,7 +228,7 @@ def multilabel_margin_loss_backward(sig, grad, x, target, reduction, is_target):
     g = g[:, :, None] if jnp.ndim(g) == 2 else g
     count_d = jnp.sum(hit, axis=1).astype(x2.dtype)                           # [n, dim]
     count_j = jnp.sum(hit, axis=2).astype(x2.dtype)                           # [n, slots]
-    gin = count_d - jnp.einsum("ns,nsd->nd", count_j, onehot)
+    gin = count_d - jnp.einsum("ns,nsd->nd", count_j, onehot, precision=precision.of("algorithm"))
     gscale = g[:, :, 0] if jnp.ndim(g) == 3 else g
     return (gin * gscale).reshape(x.shape)
 
@@ -401,7 +402,7 @@ def ctc_loss_backward(sig, grad, log_probs, targets, input_lengths, target_lengt
 def _lce_rows(x, w, target, bias, class_weight, ignore_index):
     """Per row: the weight of its target (0 where ignored) and -log_softmax at the target,
     as the chunked accumulator computes them (logits shifted by their row maximum)."""
-    logits = jnp.matmul(x, w.T, precision=_HIGHEST)
+    logits = jnp.matmul(x, w.T, precision=precision.of("linear_cross_entropy"))
     if bias is not None:
         logits = logits + bias
     shifted = logits - jnp.max(logits, axis=1, keepdims=True)

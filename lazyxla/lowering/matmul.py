@@ -1,18 +1,20 @@
 """Matrix products as JAX functions: mm, bmm, mv, dot/vdot, addmm/baddbmm/addmv/addbmm
 and ``_trilinear`` (``nn.Bilinear``).
 
-Operands are cast to PyTorch's output dtype; products use HIGHEST precision so float32
-matches CPU eager. Touches only the registry.
+Operands are cast to PyTorch's output dtype; float32 products compute at the matmul precision
+(``xla.precision``: torch_xla's ``set_mat_mul_precision``; float32 itself on the CPU). Touches
+only the registry.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
+from ..xla import precision
 from ..xla.client import jnp_dtype
 from .registry import register
 
-HI = jax.lax.Precision.HIGHEST
+HI = precision.of("matmul")  # None: the program is traced at the setting
 
 
 def _mmdt(sig, *xs):

@@ -15,8 +15,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-_HIGHEST = lax.Precision.HIGHEST
-
 
 def _f(x):
     """Upcast half-precision floats to float32 (PyTorch's CPU opmath type)."""

@@ -20,8 +20,11 @@ import numpy as np
 import torch
 from jax import lax
 
-from .nn_helpers import _HIGHEST, _f, _ntuple, _vjp
+from ..xla import precision
+from .nn_helpers import _f, _ntuple, _vjp
 from .registry import register, shape_rule
+
+_WEIGHTS = precision.of("weights")  # HIGHEST at every setting: the weights must not round
 
 
 # -- max pooling ---------------------------------------------------------------------------
@@ -187,7 +190,7 @@ def _adaptive_avg_pool(x, out_hw):
     mh, ch = _adaptive_matrix(x.shape[-2], out_hw[0])
     mw, cw = _adaptive_matrix(x.shape[-1], out_hw[1])
     s = jnp.einsum("ph,...hw,qw->...pq", jnp.asarray(mh, x.dtype), x, jnp.asarray(mw, x.dtype),
-                   precision=_HIGHEST)
+                   precision=_WEIGHTS)
     return s / jnp.asarray(np.outer(ch, cw), x.dtype)
 
 
@@ -209,7 +212,7 @@ def _adaptive_avg_pool_nd(x, out_sz):
     for i, o in enumerate(out_sz):
         ax = x.ndim - n + i
         m, c = _adaptive_matrix(x.shape[ax], o)
-        x = jnp.moveaxis(jnp.tensordot(x, jnp.asarray(m.T, x.dtype), axes=([ax], [0]), precision=_HIGHEST), -1, ax)
+        x = jnp.moveaxis(jnp.tensordot(x, jnp.asarray(m.T, x.dtype), axes=([ax], [0]), precision=_WEIGHTS), -1, ax)
         div = np.multiply.outer(div, c)
     return x / jnp.asarray(div, x.dtype)
 

@@ -17,8 +17,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from .nn_helpers import _HIGHEST, _f, _masked, _vjp
+from ..xla import precision
+from .nn_helpers import _f, _masked, _vjp
 from .registry import register
+
+_WEIGHTS = precision.of("weights")  # HIGHEST at every setting: the weights must not round
 
 
 def _scale(n_in, n_out, align_corners, scale, ftype):
@@ -246,7 +249,7 @@ def _aa_resample(x, out_hw, align_corners, scales, kind):
     mh = _aa_matrix(x.shape[-2], out_hw[0], align_corners, scales[0], kind)
     mw = _aa_matrix(x.shape[-1], out_hw[1], align_corners, scales[1], kind)
     c = lambda m: jnp.asarray(m, x.dtype)
-    return jnp.einsum("oh,...hw,pw->...op", c(mh), x, c(mw), precision=_HIGHEST)
+    return jnp.einsum("oh,...hw,pw->...op", c(mh), x, c(mw), precision=_WEIGHTS)
 
 
 def _aa_backward(grad, input_size, align_corners, scales, kind):
@@ -254,7 +257,7 @@ def _aa_backward(grad, input_size, align_corners, scales, kind):
     mh = _aa_matrix(input_size[-2], g.shape[-2], align_corners, scales[0], kind)
     mw = _aa_matrix(input_size[-1], g.shape[-1], align_corners, scales[1], kind)
     c = lambda m: jnp.asarray(m, g.dtype)
-    return jnp.einsum("oh,...op,pw->...hw", c(mh), g, c(mw), precision=_HIGHEST)
+    return jnp.einsum("oh,...op,pw->...hw", c(mh), g, c(mw), precision=_WEIGHTS)
 
 
 @register("_upsample_bilinear2d_aa.default")

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.special as jss
 
+from ..xla import precision
 from ..xla.client import jnp_dtype
 from .registry import register
 
@@ -274,7 +275,7 @@ def _k_scaled_trapezoid(nu, x):
     t = [j * _TRAP_H for j in range(_TRAP_N)]
     c = jnp.asarray([2 * math.sinh(v / 2) ** 2 for v in t], x.dtype)  # cosh t - 1, without cancellation
     w = jnp.asarray([(0.5 if j == 0 else 1.0) * math.cosh(nu * v) * _TRAP_H for j, v in enumerate(t)], x.dtype)
-    return jnp.exp(-x[..., None] * c) @ w
+    return jnp.matmul(jnp.exp(-x[..., None] * c), w, precision=precision.of("algorithm"))
 
 
 def _k_scaled_asymptotic(nu, x):
@@ -579,7 +580,7 @@ def _temme(a, x, upper):
     table = jnp.asarray([c + [0.0] * (_TEMME_N - len(c)) for c in cs], a.dtype)  # (K, N)
     powers = jnp.cumprod(jnp.concatenate([jnp.ones(eta.shape + (1,), a.dtype),
                                           jnp.broadcast_to(eta[..., None], eta.shape + (_TEMME_N - 1,))], -1), -1)
-    ck = powers @ table.T  # c_k(eta), (..., K)
+    ck = jnp.matmul(powers, table.T, precision=precision.of("algorithm"))  # c_k(eta), (..., K)
     inv_a = 1 / a
     s = jnp.zeros_like(a)
     for k in reversed(range(_TEMME_K)):

@@ -4,7 +4,7 @@
 ``lazyxla.compile``/``lazyxla.step``, ``launch`` -> ``lazyxla.distributed.launch``,
 ``manual_seed`` -> ``lazyxla.manual_seed``. Importing it imports the submodules a torch_xla
 script reaches through ``torch_xla.`` (runtime, core.xla_model, debug.metrics, experimental,
-amp, utils.utils, distributed, _XLAC). Touches nothing itself.
+amp, backends, utils.utils, distributed, _XLAC). Touches nothing itself.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import lazyxla.distributed
 from lazyxla.config import TORCH_XLA_API
 
 from ..  import not_offered
-from . import _XLAC, amp, core, debug, distributed, experimental, runtime, utils  # noqa: F401
+from . import _XLAC, amp, backends, core, debug, distributed, experimental, runtime, utils  # noqa: F401
 from .core import xla_model  # noqa: F401
 from .debug import metrics  # noqa: F401
 from .utils import utils as _utils  # noqa: F401
