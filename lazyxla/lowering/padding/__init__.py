@@ -24,8 +24,8 @@ May touch: nothing; reads ``registry`` through ``program.lower_call``.
 
 Modules: ``core`` (kinds, masks, ``Ctx``, ``Rule``, ``lower_padded``, the elementwise rule),
 ``layout`` (views, slices, writes into them, cat, flip, factories), ``reductions`` (reductions,
-softmax, matrix products), ``nn`` (layer norm, embeddings and indexing, losses); this file is
-the table. May touch: nothing; reads ``registry`` through ``program.lower_call``.
+softmax, matrix products), ``nn`` (layer norm, embeddings and indexing, losses), ``attention``
+(``lazyxla::attention`` and its backward: padded keys masked out); this file is the table. May touch: nothing; reads ``registry`` through ``program.lower_call``.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ import torch
 
 from .core import Ctx, Rule, lower_padded, overload_name, pointwise  # noqa: F401
 from .core import _highest, _lowest
+from .attention import attention, attention_backward, attention_backward_lower, attention_lower
 from .layout import (_moved, _permute, _sizes_at, _t, _transpose, _unsqueeze, along, cat, expand, flip, flip_lower,
                      scatter_view, scatter_view_lower, select, select_lower, slice_, slice_lower, squeeze, stack, view)
 from .nn import (index, index_lower, isin, layer_norm, layer_norm_backward, layer_norm_backward_lower, nll, nll_lower,
@@ -98,6 +99,8 @@ _add("embedding_dense_backward.default", Rule(rows, summed_operand(0)))
 _add("nll_loss_forward.default nll_loss_backward.default nll_loss2d_forward.default "
      "nll_loss2d_backward.default", Rule(nll, nll_lower))
 _add("flip.default", Rule(flip, flip_lower))
+_add("lazyxla::attention.default", Rule(attention, attention_lower))
+_add("lazyxla::attention_backward.default", Rule(attention_backward, attention_backward_lower))
 for _name in ("roll.default", "sort.default", "sort.stable", "topk.default", "argsort.default"):
     RULES["aten::" + _name] = Rule(refuse("moves values along a dimension (not padded yet)"))
 

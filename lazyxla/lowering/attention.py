@@ -1,0 +1,116 @@
+"""Attention as one node: ``lazyxla::attention`` and ``lazyxla::attention_backward``.
+
+``F.scaled_dot_product_attention`` on the lazy device records these two ops of lazyxla's own
+(``frontend.attention`` routes it here and gives it its gradient) instead of PyTorch's math
+decomposition, which upcasts half-precision inputs to float32 and materializes the scores, the
+probabilities and a safe-softmax pass over them in every layer. Written once here, attention
+is what a JAX user writes: the scores ``q k^T * scale`` as one product (float32 accumulation),
+the mask, a float32 softmax, the probabilities in the values' dtype times ``v`` (float32
+accumulation); XLA fuses that as it fuses a JAX step's attention. The forward also gives the
+rows' log-sum-exp, from which the backward (flash attention's formulas: ``p = exp(s - lse)``,
+``ds = p (dp - rowsum(dO o O))``) computes the three gradients without the forward's
+probabilities.
+
+PyTorch's rules kept: the causal mask is the lower triangle aligned at the top left
+(``tril`` of L x S); a boolean mask says where to attend, a float one is added to the scores;
+a row with nothing to attend gives zeros (``_safe_softmax``) and no gradient; ``enable_gqa``
+repeats each key and value head for its group of query heads (the gradients sum over the
+group). Both products compute at the matmul precision (``xla.precision``, family
+``attention``).
+
+Defines the two ops (``torch.library``: schema and shape function) and registers their
+lowerings. Touches only the registry.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from ..xla import precision
+from .registry import register
+
+_LIB = torch.library.Library("lazyxla", "DEF")
+_LIB.define("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float scale, bool enable_gqa) "
+            "-> (Tensor, Tensor)")
+_LIB.define("attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor out, Tensor lse, "
+            "bool is_causal, float scale, bool enable_gqa) -> (Tensor, Tensor, Tensor)")
+ATTENTION = torch.ops.lazyxla.attention.default
+ATTENTION_BACKWARD = torch.ops.lazyxla.attention_backward.default
+
+
+@torch.library.register_fake("lazyxla::attention")
+def _attention_shapes(q, k, v, mask, is_causal, scale, enable_gqa):
+    return (q.new_empty(q.shape[:-1] + v.shape[-1:]),
+            q.new_empty(q.shape[:-1], dtype=torch.float32))
+
+
+@torch.library.register_fake("lazyxla::attention_backward")
+def _attention_backward_shapes(grad, q, k, v, mask, out, lse, is_causal, scale, enable_gqa):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _grouped(x, groups):
+    """Keys or values repeated for each of ``groups`` query heads (``enable_gqa``; head dim -3)."""
+    return x if groups == 1 else jnp.repeat(x, groups, axis=-3)
+
+
+def _ungrouped(g, groups):
+    """A gradient of repeated keys or values summed back over each head's group."""
+    if groups == 1:
+        return g
+    shape = g.shape[:-3] + (g.shape[-3] // groups, groups) + g.shape[-2:]
+    return jnp.sum(g.reshape(shape), axis=-3)
+
+
+def _scores(q, k, mask, is_causal, scale):
+    """The scores in float32 and where a position may be attended (None: everywhere)."""
+    prec = precision.of("attention")
+    s = jnp.einsum("...qd,...kd->...qk", q, k, precision=prec, preferred_element_type=jnp.float32) * scale
+    keep = None
+    if is_causal:
+        L, S = s.shape[-2], s.shape[-1]
+        keep = jnp.arange(S)[None, :] <= jnp.arange(L)[:, None]
+    if mask is not None:
+        if mask.dtype == jnp.bool_:
+            keep = mask if keep is None else keep & mask
+        else:
+            s = s + mask.astype(jnp.float32)
+    if keep is not None:
+        s = jnp.where(keep, s, -jnp.inf)
+    return s
+
+
+@register(ATTENTION)
+def _attention(sig, q, k, v, mask, is_causal, scale, enable_gqa):
+    groups = q.shape[-3] // k.shape[-3] if enable_gqa else 1
+    k, v = _grouped(k, groups), _grouped(v, groups)
+    s = _scores(q, k, mask, is_causal, scale)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)  # a row with nothing to attend: no inf - inf
+    e = jnp.exp(s - m)
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    p = e / jnp.where(total > 0, total, 1.0)  # zeros where nothing is attended (_safe_softmax)
+    out = jnp.einsum("...qk,...kd->...qd", p.astype(v.dtype), v, precision=precision.of("attention"),
+                     preferred_element_type=jnp.float32)
+    lse = jnp.where(total[..., 0] > 0, jnp.log(jnp.where(total[..., 0] > 0, total[..., 0], 1.0)) + m[..., 0],
+                    -jnp.inf)
+    return out.astype(q.dtype), lse
+
+
+@register(ATTENTION_BACKWARD)
+def _attention_backward(sig, grad, q, k, v, mask, out, lse, is_causal, scale, enable_gqa):
+    groups = q.shape[-3] // k.shape[-3] if enable_gqa else 1
+    kg, vg = _grouped(k, groups), _grouped(v, groups)
+    prec = precision.of("attention")
+    s = _scores(q, kg, mask, is_causal, scale)
+    finite = jnp.isfinite(lse)[..., None]
+    p = jnp.where(finite, jnp.exp(s - jnp.where(finite, lse[..., None], 0.0)), 0.0)  # 0 where masked
+    f32 = jnp.float32
+    dv = jnp.einsum("...qk,...qd->...kd", p.astype(grad.dtype), grad, precision=prec, preferred_element_type=f32)
+    dp = jnp.einsum("...qd,...kd->...qk", grad, vg, precision=prec, preferred_element_type=f32)
+    rows = jnp.sum(grad.astype(f32) * out.astype(f32), axis=-1, keepdims=True)
+    ds = (p * (dp - rows)) * scale
+    dq = jnp.einsum("...qk,...kd->...qd", ds.astype(q.dtype), kg, precision=prec, preferred_element_type=f32)
+    dk = jnp.einsum("...qk,...qd->...kd", ds.astype(q.dtype), q, precision=prec, preferred_element_type=f32)
+    return (dq.astype(q.dtype), _ungrouped(dk, groups).astype(k.dtype), _ungrouped(dv, groups).astype(v.dtype))
