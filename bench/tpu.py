@@ -7,6 +7,8 @@ LM head, dropout off), trained with AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, w
 - ``lazyxla``: the HF model as a user writes it: ``model.to(dtype).to(lazyxla.device())``,
   ``torch.optim.AdamW``, ``model(input_ids=x, labels=x).loss.backward()``, ``opt.step()``,
   ``lazyxla.sync()`` per step;
+- ``replay``: the same lazyxla step captured once and replayed (``lazyxla.compile(step,
+  replay=True)``, AdamW ``capturable``): the program without the host's tracing of each step;
 - ``jax``: the same model written in JAX here (``GPT2``: the weights are the HF model's, so the
   first losses agree), ``optax.adamw``, one ``jax.jit``'d step with its parameters and state
   donated. Attention is what a JAX user writes (the scores, a float32 softmax, the
@@ -27,7 +29,7 @@ The table's ratios are lazyxla's over JAX's, in the same run.
 float32 runs. ``--tiny``: a 2-layer x 64 model on 2 x 32 tokens, to try the script on a CPU.
 
 Usage: python bench/tpu.py [--layers 12] [--batch 8] [--seq 1024] [--dtype bf16|f32]
-       [--variants jax,lazyxla] [--steps 10] [--repeats 3] [--profile DIR] [--json FILE] [--tiny]
+       [--variants jax,lazyxla,replay] [--steps 10] [--repeats 3] [--profile DIR] [--json FILE] [--tiny]
 Needs transformers (and optax for the JAX step).
 """
 from __future__ import annotations
@@ -40,7 +42,7 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("jax", "lazyxla")
+VARIANTS = ("jax", "lazyxla", "replay")
 
 
 def config(args):
@@ -208,7 +210,7 @@ def run_jax(args):
 
 # ---------------------------------------------------------------------------------------
 # The lazyxla step: the HF model as a user writes it.
-def run_lazyxla(args):
+def run_lazyxla(args, replay=False):
     import jax
     import torch
     import lazyxla
@@ -220,15 +222,24 @@ def run_lazyxla(args):
     cfg = hf.config
     n_params = sum(p.numel() for p in hf.parameters())
     model = hf.to(torch.bfloat16 if args.dtype == "bf16" else torch.float32).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                            capturable=replay)
     ids = batch(args, cfg.vocab_size).to(dev)
     losses = []
 
-    def one():
+    def step():
         opt.zero_grad()
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
+        return loss
+
+    replayed = lazyxla.compile(step, replay=True) if replay else None
+
+    def one():
+        if replayed is not None:
+            return replayed()
+        loss = step()
         lazyxla.sync()
         return loss
 
@@ -250,13 +261,14 @@ def run_lazyxla(args):
     ms, rounds = timed_rounds(run_steps, args.steps, args.repeats)
     losses.append(last[0])
     if args.profile:
-        jax.profiler.start_trace(os.path.join(args.profile, "lazyxla"), create_perfetto_trace=True)
+        jax.profiler.start_trace(os.path.join(args.profile, "replay" if replay else "lazyxla"),
+                                 create_perfetto_trace=True)
         run_steps(3)
         jax.profiler.stop_trace()
     peak, limit = peak_memory()
     programs = sorted(computation_cache().values(), key=lambda p: -p.compile_ns)
     import lazyxla.debug.metrics as met
-    return {"variant": "lazyxla", "first_s": first_s, "second_s": second_s, "ms": ms, "rounds": rounds,
+    return {"variant": "replay" if replay else "lazyxla", "first_s": first_s, "second_s": second_s, "ms": ms, "rounds": rounds,
             "losses": [float(t.detach().float().cpu()) for t in losses], "peak_bytes": peak, "bytes_limit": limit,
             "program": analysis(programs[0].executable) if programs else None, "programs": len(programs),
             "compiles": met.counter_value("UncachedCompile"), "n_params": n_params, "layers": cfg.n_layer,
@@ -286,11 +298,12 @@ def report(rows, args):
         print(f"{r['variant']:<8} {r['first_s']:8.1f} {r['ms']:9.1f} {'-' if mfu is None else f'{mfu:.1%}':>6} "
               f"{_mb(r['peak_bytes']):>8} {prog:>26} {r['losses'][0]:>10.4f} -> {r['losses'][-1]:.4f}")
         r["mfu"] = mfu
-    if "jax" in by and "lazyxla" in by:
-        j, lz = by["jax"], by["lazyxla"]
-        print(f"lazyxla / jax: step {lz['ms'] / j['ms']:.2f}x, first step {lz['first_s'] / j['first_s']:.2f}x"
-              + (f", peak memory {lz['peak_bytes'] / j['peak_bytes']:.2f}x" if lz["peak_bytes"] and j["peak_bytes"]
-                 else ""))
+    for name in ("lazyxla", "replay"):
+        if "jax" in by and name in by:
+            j, lz = by["jax"], by[name]
+            print(f"{name} / jax: step {lz['ms'] / j['ms']:.2f}x, first step {lz['first_s'] / j['first_s']:.2f}x"
+                  + (f", peak memory {lz['peak_bytes'] / j['peak_bytes']:.2f}x" if lz["peak_bytes"] and j["peak_bytes"]
+                     else ""))
 
 
 def main():
@@ -313,7 +326,7 @@ def main():
     if args.tiny:
         args.batch, args.seq = 2, 32
     if args.child:
-        row = (run_jax if args.child == "jax" else run_lazyxla)(args)
+        row = run_jax(args) if args.child == "jax" else run_lazyxla(args, replay=args.child == "replay")
         print("RESULT " + json.dumps(row))
         return
     rows = []

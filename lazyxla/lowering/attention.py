@@ -4,9 +4,11 @@
 (``frontend.attention`` routes it here and gives it its gradient) instead of PyTorch's math
 decomposition, which upcasts half-precision inputs to float32 and materializes the scores, the
 probabilities and a safe-softmax pass over them in every layer. Written once here, attention
-is what a JAX user writes: the scores ``q k^T * scale`` as one product (float32 accumulation),
-the mask, a float32 softmax, the probabilities in the values' dtype times ``v`` (float32
-accumulation); XLA fuses that as it fuses a JAX step's attention. The forward also gives the
+is what a JAX user writes: the scores ``q k^T * scale`` as one product in the inputs' dtype
+(float32 accumulation, rounded once), the mask, a float32 softmax, the probabilities in the
+values' dtype times ``v`` (float32 accumulation); XLA fuses it as it fuses a JAX step's
+attention, and keeps no float32 scores between the forward and the backward. The backward
+takes the scores the same way, so its probabilities are exactly the forward's. The forward also gives the
 rows' log-sum-exp, from which the backward (flash attention's formulas: ``p = exp(s - lse)``,
 ``ds = p (dp - rowsum(dO o O))``) computes the three gradients without the forward's
 probabilities.
@@ -64,9 +66,12 @@ def _ungrouped(g, groups):
 
 
 def _scores(q, k, mask, is_causal, scale):
-    """The scores in float32 and where a position may be attended (None: everywhere)."""
-    prec = precision.of("attention")
-    s = jnp.einsum("...qd,...kd->...qk", q, k, precision=prec, preferred_element_type=jnp.float32) * scale
+    """The scores as the softmax reads them: ``q k^T`` in the inputs' dtype (float32
+    accumulation, rounded once, as XLA's and JAX's attention compute them), scaled, in float32
+    from there, the mask added; and where a position may be attended (None: everywhere). A
+    masked score is float32's lowest (not -inf: no inf - inf in a row)."""
+    s = jnp.einsum("...qd,...kd->...qk", q, k, precision=precision.of("attention")) * jnp.asarray(scale, q.dtype)
+    s = s.astype(jnp.float32)
     keep = None
     if is_causal:
         L, S = s.shape[-2], s.shape[-1]
@@ -75,27 +80,39 @@ def _scores(q, k, mask, is_causal, scale):
         if mask.dtype == jnp.bool_:
             keep = mask if keep is None else keep & mask
         else:
-            s = s + mask.astype(jnp.float32)
+            add = mask.astype(jnp.float32)
+            s = s + add
+            finite = add > -jnp.inf  # a float mask's -inf masks, as in PyTorch
+            keep = finite if keep is None else keep & finite
     if keep is not None:
-        s = jnp.where(keep, s, -jnp.inf)
-    return s
+        s = jnp.where(keep, s, jnp.finfo(jnp.float32).min)
+    return s, keep
+
+
+def _none_kept(keep, shape):
+    """Rows with no position to attend (None when every row has one)."""
+    if keep is None:
+        return None
+    return ~jnp.any(jnp.broadcast_to(keep, shape), axis=-1)
 
 
 @register(ATTENTION)
 def _attention(sig, q, k, v, mask, is_causal, scale, enable_gqa):
     groups = q.shape[-3] // k.shape[-3] if enable_gqa else 1
     k, v = _grouped(k, groups), _grouped(v, groups)
-    s = _scores(q, k, mask, is_causal, scale)
+    s, keep = _scores(q, k, mask, is_causal, scale)
     m = jnp.max(s, axis=-1, keepdims=True)
-    m = jnp.where(jnp.isfinite(m), m, 0.0)  # a row with nothing to attend: no inf - inf
     e = jnp.exp(s - m)
     total = jnp.sum(e, axis=-1, keepdims=True)
-    p = e / jnp.where(total > 0, total, 1.0)  # zeros where nothing is attended (_safe_softmax)
+    p = e / total
     out = jnp.einsum("...qk,...kd->...qd", p.astype(v.dtype), v, precision=precision.of("attention"),
-                     preferred_element_type=jnp.float32)
-    lse = jnp.where(total[..., 0] > 0, jnp.log(jnp.where(total[..., 0] > 0, total[..., 0], 1.0)) + m[..., 0],
-                    -jnp.inf)
-    return out.astype(q.dtype), lse
+                     preferred_element_type=jnp.float32).astype(q.dtype)
+    lse = jnp.log(total[..., 0]) + m[..., 0]
+    empty = _none_kept(keep, s.shape) if mask is not None else None  # a causal mask alone keeps one per row
+    if empty is not None:  # nothing to attend: zeros (_safe_softmax) and no gradient
+        out = jnp.where(empty[..., None], jnp.zeros((), out.dtype), out)
+        lse = jnp.where(empty, -jnp.inf, lse)
+    return out, lse
 
 
 @register(ATTENTION_BACKWARD)
@@ -103,9 +120,9 @@ def _attention_backward(sig, grad, q, k, v, mask, out, lse, is_causal, scale, en
     groups = q.shape[-3] // k.shape[-3] if enable_gqa else 1
     kg, vg = _grouped(k, groups), _grouped(v, groups)
     prec = precision.of("attention")
-    s = _scores(q, kg, mask, is_causal, scale)
+    s, _ = _scores(q, kg, mask, is_causal, scale)
     finite = jnp.isfinite(lse)[..., None]
-    p = jnp.where(finite, jnp.exp(s - jnp.where(finite, lse[..., None], 0.0)), 0.0)  # 0 where masked
+    p = jnp.where(finite, jnp.exp(s - jnp.where(finite, lse[..., None], 0.0)), 0.0)  # masked: exp(lowest - lse) = 0
     f32 = jnp.float32
     dv = jnp.einsum("...qk,...qd->...kd", p.astype(grad.dtype), grad, precision=prec, preferred_element_type=f32)
     dp = jnp.einsum("...qd,...kd->...qk", grad, vg, precision=prec, preferred_element_type=f32)
