@@ -95,7 +95,7 @@ def xla_split(log):
         for v, unit in re.findall(what + r"[^\n]* time: ([\d.]+) (us|ms|s) ", log):
             secs += float(v) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[unit]
         return secs
-    return total(r"Running HLO passes on \[jit_SyncTensorsGraph\]"), total(r"Compiling \[jit_SyncTensorsGraph\]")
+    return total(r"Running HLO passes on \[jit_SyncTensorsGraph\w*\]"), total(r"Compiling \[jit_SyncTensorsGraph\w*\]")
 
 
 def main():

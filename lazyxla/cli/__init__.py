@@ -6,7 +6,7 @@ returns an exit code (``None`` means 0), ``help`` is its one-line description. T
 write the two functions (a module of this package, or the module whose job the command is,
 as ``tools.coverage``) and add an entry; ``main`` needs no change. Here: ``demo``
 (``tools.demo``), ``explain`` (``cli.explain``), ``run`` (``cli.run``: a torch_xla script
-unchanged), ``cache`` (``cli.cache``) and ``coverage`` (``tools.coverage``). Importing this
+unchanged), ``cache`` (``cli.cache``), ``profile`` (``cli.profile``) and ``coverage`` (``tools.coverage``). Importing this
 package imports lazyxla (torch and JAX) anyway, so the subcommands' modules are imported up
 front.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 
 from ..tools import coverage, demo
-from . import cache, explain, run
+from . import cache, explain, profile, run
 
 
 # ---------------------------------------------------------------------------------------
@@ -44,6 +44,8 @@ SUBCOMMANDS = {
             "run a torch_xla script unchanged: SCRIPT [ARGS...], with import torch_xla giving lazyxla"),
     "cache": (cache.add_arguments, cache.run,
               "list (ls), summarize (stats) or empty (clear) a persistent compilation cache"),
+    "profile": (profile.add_arguments, profile.run,
+                "a trace's device time per step by the user's line, op kind and top op (lazyxla.debug.profiler)"),
     "coverage": (coverage.add_arguments, coverage.run,
                  "list PyTorch's core ATen ops: lowered, composite, decomposed or CPU fallback"),
 }

@@ -227,7 +227,8 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
     # (rolled before, for a persistent-cache lookup: that time is the compile's too)
     t0 = metrics.now_ns() - (graph.rolled[1] if graph.rolled is not None else 0)
     with _no_cycle_collection():
-        fn, args, body, ws, n_rows = _function(graph, name)  # rolls the graph's layers (``CompileRollTime``)
+        # the program's module is named for its key (``jit_SyncTensorsGraph_<key>``): a profile's ops name it
+        fn, args, body, ws, n_rows = _function(graph, f"{name}_{key_hex[:12]}")  # rolls the graph's layers
         tf = metrics.now_ns()
         try:
             with tupled_parameters(wrap_allowed and len(args) >= WRAP_THRESHOLD), precision.scope():

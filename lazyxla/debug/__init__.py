@@ -7,7 +7,8 @@ ingredient's 128-bit hash and the digest after the merge. ``print(last_fold())``
 ``recompile_log()`` explains every uncached compile (``explain``). ``fold_page`` writes the
 page that folds them term by term; ``walk`` and ``walk_page`` walk one sync of a run through the
 executor's code with its values (``lazyxla explain --walk``); ``report`` is torch_xla's
-``PT_XLA_DEBUG_LEVEL`` output.
+``PT_XLA_DEBUG_LEVEL`` output; ``profiler`` is torch_xla's ``torch_xla.debug.profiler`` on JAX's
+profiler, and ``profile`` reads what it writes (``lazyxla profile``).
 
 ``install()`` subscribes the diagnostics to the executor's events, once; ``import lazyxla``
 calls it, so everything here works after ``import lazyxla`` alone.
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from .. import events
 from ..compiler.cache import computation_cache
-from . import explain, metrics, report  # noqa: F401  (metrics: lazyxla.debug.metrics)
+from . import explain, metrics, profiler, report  # noqa: F401  (lazyxla.debug.metrics, .profiler)
 
 
 class _LastFold:

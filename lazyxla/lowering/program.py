@@ -25,6 +25,7 @@ May touch: its own trace state while a program is traced; reads the registries.
 """
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 
 import jax
@@ -49,8 +50,30 @@ def instantiate(x, vals):
 
 
 def lower_node(node, vals):
-    """Evaluate one node on JAX values (inside a trace)."""
-    return lower_call(node.sig, vals)
+    """Evaluate one node on JAX values (inside a trace), its ops named for the node's op and the
+    user's line that recorded it (``scope_name``: in every op's ``op_name`` metadata, which
+    profiles read back, ``debug.profile``)."""
+    with jax.named_scope(scope_name(node)):
+        return lower_call(node.sig, vals)
+
+
+_SCOPES: dict = {}  # (op, user line) -> scope name
+
+
+def scope_name(node) -> str:
+    """``aten.mm at train.py:42``: the node's op and the user's line (file and line) that recorded
+    it; the op alone where no user line is known. Lines are the recording's that compiled the
+    program: an identical graph recorded from other lines later finds that program (lines are
+    not part of a key)."""
+    w = node.where
+    k = (node.sig.op, w)
+    s = _SCOPES.get(k)
+    if s is None:
+        op = node.sig.op.replace("::", ".").replace("/", "_")
+        s = _SCOPES[k] = f"{op} at {os.path.basename(w[0])}:{w[1]}" if w else op
+        if len(_SCOPES) >= 1 << 16:
+            _SCOPES.clear()
+    return s
 
 
 def lower_call(sig, vals):
