@@ -13,7 +13,9 @@ from lazyhelp import cnt
 from lazyxla.frontend import attention
 
 DEV = lazyxla.device()
-TOL = {torch.float32: dict(rtol=2e-5, atol=2e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+# bf16: the scores round to bf16 before the softmax (as JAX's and XLA's attention), eager's CPU
+# kernel keeps them in float32: a gradient's element differs by up to ~3e-2 (12 seeds: 1.3e-2 typical)
+TOL = {torch.float32: dict(rtol=2e-5, atol=2e-5), torch.bfloat16: dict(rtol=4e-2, atol=4e-2)}
 
 
 def _run(dev, q, k, v, mask=None, **kw):
@@ -62,7 +64,7 @@ def test_values_and_gradients_are_eagers(case, dtype):
     if case == "bool-mask":
         mask = torch.rand(B, 1, L, S, generator=torch.Generator().manual_seed(1)) > 0.3
     if case == "float-mask":
-        mask = torch.randn(L, S).to(dtype)
+        mask = torch.randn(L, S, generator=torch.Generator().manual_seed(2)).to(dtype)
     if case == "masked-rows":  # rows with nothing to attend: zeros and no gradient, as _safe_softmax
         mask = torch.ones(L, S, dtype=torch.bool)
         mask[2] = False
