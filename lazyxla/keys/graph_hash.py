@@ -66,6 +66,8 @@ def _environment_ingredient(mat_mul_precision):
     env = compile_environment()
     parts = ("platform", "platform_version", "devices", "XLA_FLAGS", "XLA_IR_DEBUG", "XLA_HLO_DEBUG",
              "LAZYXLA_CHECK_VALUES", "LAZYXLA_PRNG_IMPL")
+    if env["LAZYXLA_TPU_KERNELS"] != "off":  # folded only when kernels replace lowerings (lowering.tpu_kernels)
+        parts += ("LAZYXLA_TPU_KERNELS",)
     env_h = fold(*(encode(k) + encode(env[k]) for k in parts),
                  encode("mat_mul_precision") + encode(mat_mul_precision))
     torch_rev = env["torch_git"]

@@ -31,7 +31,8 @@ which never import it.
   ``resample`` (upsampling), ``softmax``, ``loss``, ``layer_norm``, ``embedding`` (and
   embedding bags), ``activation``; ``distance`` (cdist, pdist), ``fft`` (real <-> complex);
   ``special`` (special functions: Bessel, zeta/polygamma, igamma, the orthogonal polynomials);
-  ``complex`` (complex, polar, view_as_real/complex); ``attention`` (lazyxla's own
+  ``complex`` (complex, polar, view_as_real/complex); ``tpu_kernels`` (Pallas kernels for the
+  TPU and the table of the lowerings they replace); ``attention`` (lazyxla's own
   ``lazyxla::attention`` and its backward: scaled dot-product attention as one node each);
   ``linalg`` (factorizations, solves, inverses, determinants, SVD, eigendecompositions);
   ``selection`` (kthvalue, median, nanmedian, mode: order statistics with PyTorch's CPU tie rules);
@@ -63,6 +64,7 @@ from . import histogram  # noqa: F401
 from . import complex  # noqa: F401
 from . import special  # noqa: F401
 from . import attention  # noqa: F401  (lazyxla::attention and its backward: SDPA as one node)
+from . import tpu_kernels  # noqa: F401  (Pallas kernels that replace lowerings on a TPU, by its RULES)
 from . import batch_norm  # noqa: F401  (after PyTorch's table: eval returns empty saved statistics)
 from . import amp  # noqa: F401  (after PyTorch's table, which registry loads: the gradient scaler's ops)
 from .optim import lower_fused_adam, lower_fused_sgd  # noqa: F401  (the fused Adam, AdamW, SGD steps)

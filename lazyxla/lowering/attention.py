@@ -20,8 +20,10 @@ repeats each key and value head for its group of query heads (the gradients sum 
 group). Both products compute at the matmul precision (``xla.precision``, family
 ``attention``).
 
-Defines the two ops (``torch.library``: schema and shape function) and registers their
-lowerings. Touches only the registry.
+On a TPU, where ``tpu_kernels``' rules let it, both are the Pallas flash attention kernel
+instead (``LAZYXLA_TPU_KERNELS``); the forward's log-sum-exp is then not computed (its backward
+is the kernel's own). Defines the two ops (``torch.library``: schema and shape function) and
+registers their lowerings. Touches only the registry.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import jax.numpy as jnp
 import torch
 
 from ..xla import precision
+from . import tpu_kernels
 from .registry import register
 
 _LIB = torch.library.Library("lazyxla", "DEF")
@@ -100,6 +103,9 @@ def _none_kept(keep, shape):
 def _attention(sig, q, k, v, mask, is_causal, scale, enable_gqa):
     groups = q.shape[-3] // k.shape[-3] if enable_gqa else 1
     k, v = _grouped(k, groups), _grouped(v, groups)
+    if tpu_kernels.attention_fits(q, k, v, mask, is_causal):  # the TPU's flash attention (its backward too)
+        return (tpu_kernels.attention(q, k, v, is_causal, scale).astype(q.dtype),
+                jnp.zeros(q.shape[:-1], jnp.float32))
     s, keep = _scores(q, k, mask, is_causal, scale)
     m = jnp.max(s, axis=-1, keepdims=True)
     e = jnp.exp(s - m)
@@ -119,6 +125,10 @@ def _attention(sig, q, k, v, mask, is_causal, scale, enable_gqa):
 def _attention_backward(sig, grad, q, k, v, mask, out, lse, is_causal, scale, enable_gqa):
     groups = q.shape[-3] // k.shape[-3] if enable_gqa else 1
     kg, vg = _grouped(k, groups), _grouped(v, groups)
+    if tpu_kernels.attention_fits(q, kg, vg, mask, is_causal):  # as the forward did
+        dq, dk, dv = tpu_kernels.attention_backward(grad, q, kg, vg, is_causal, scale)
+        return (dq.astype(q.dtype), _ungrouped(dk.astype(jnp.float32), groups).astype(k.dtype),
+                _ungrouped(dv.astype(jnp.float32), groups).astype(v.dtype))
     prec = precision.of("attention")
     s, _ = _scores(q, kg, mask, is_causal, scale)
     finite = jnp.isfinite(lse)[..., None]

@@ -244,7 +244,8 @@ def compile_environment() -> dict:
     """What a compiled program depends on besides its graph, read once per process:
     ``platform``, ``platform_version``, ``devices``, the code-changing ``XLA_FLAGS``,
     ``XLA_IR_DEBUG``, ``XLA_HLO_DEBUG``, ``LAZYXLA_CHECK_VALUES`` (value checks change the
-    program: ``lowering.program``), ``LAZYXLA_PRNG_IMPL`` (the bits random ops draw), and the versions ``jax``, ``jaxlib``, ``torch``
+    program: ``lowering.program``), ``LAZYXLA_PRNG_IMPL`` (the bits random ops draw),
+    ``LAZYXLA_TPU_KERNELS`` (Pallas kernels in place of lowerings: ``lowering.tpu_kernels``), and the versions ``jax``, ``jaxlib``, ``torch``
     (with its git revision ``torch_git``) and ``lazyxla``."""
     dev = jax_device()
     return {
@@ -256,6 +257,7 @@ def compile_environment() -> dict:
         "XLA_HLO_DEBUG": env_str("XLA_HLO_DEBUG"),
         "LAZYXLA_CHECK_VALUES": "1" if env_flag("LAZYXLA_CHECK_VALUES", True) else "0",
         "LAZYXLA_PRNG_IMPL": PRNG_IMPL,
+        "LAZYXLA_TPU_KERNELS": env_str("LAZYXLA_TPU_KERNELS", "off").strip().lower() or "off",
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
         "torch": f"{torch.__version__} ({torch.version.git_version})",
