@@ -383,7 +383,7 @@ def test_browser_steps_through_the_stages(walked):
                         shown: document.querySelectorAll('section.stage.shown').length}; })()""")
             assert got["step"] == str(n) and got["n"] == 1 and got["stage"] == STAGES[n - 1], got
             assert got["shown"] == n and got["mark"] > 0  # the working line is on screen
-            assert re.fullmatch(r"lazyxla/\w+\.py:\d+", got["source"])
+            assert re.fullmatch(r"lazyxla/(\w+/)*\w+\.py:\d+", got["source"])
         assert br.js(f"{state}.done") == "true" and br.js("document.getElementById('btn-step').disabled") is True
         # the keyboard: left arrow back, right arrow on, r resets
         key = "document.dispatchEvent(new KeyboardEvent('keydown', {key: '%s'}))"
