@@ -40,16 +40,22 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(mode):
+def _start(mode):
     env = dict(os.environ, LAZYXLA_TPU_KERNELS=mode, JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _result(p):
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
 def runs():
-    return {"interpret": _run("interpret"), "off": _run("off")}
+    started = {mode: _start(mode) for mode in ("interpret", "off")}  # side by side: one core each
+    return {mode: _result(p) for mode, p in started.items()}
 
 
 def test_fitting_calls_run_the_kernel_with_eagers_values_and_gradients(runs):
