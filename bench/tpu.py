@@ -14,6 +14,9 @@ LM head, dropout off), trained with AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, w
   donated. Attention is what a JAX user writes (the scores, a float32 softmax, the
   probabilities in the model's dtype times v), the layer norms and the loss in float32.
 
+A variant named with ``+kernels`` (``replay+kernels``) runs with ``LAZYXLA_TPU_KERNELS=on``: the
+TPU's Pallas kernels (``lazyxla.lowering.tpu_kernels``) in place of the XLA lowerings they replace.
+
 Each variant runs in a process of its own (one process holds a TPU), one after the other, and
 reports: the first step's seconds (compile included), a steady step's ms (median of
 ``--repeats`` rounds of ``--steps`` steps), MFU (``(6 N + 12 L D T) tokens / step / peak``,
@@ -29,7 +32,7 @@ The table's ratios are lazyxla's over JAX's, in the same run.
 float32 runs. ``--tiny``: a 2-layer x 64 model on 2 x 32 tokens, to try the script on a CPU.
 
 Usage: python bench/tpu.py [--layers 12] [--batch 8] [--seq 1024] [--dtype bf16|f32]
-       [--variants jax,lazyxla,replay] [--steps 10] [--repeats 3] [--profile DIR] [--json FILE] [--tiny]
+       [--variants jax,lazyxla,replay,replay+kernels] [--steps 10] [--repeats 3] [--profile DIR] [--json FILE] [--tiny]
 Needs transformers (and optax for the JAX step).
 """
 from __future__ import annotations
@@ -87,6 +90,16 @@ def analysis(compiled):
         return None
     return {k: getattr(m, k + "_in_bytes", None) for k in ("argument_size", "output_size", "temp_size",
                                                            "alias_size", "generated_code_size")}
+
+
+def write_text(folder, compiled):
+    """The compiled JAX step's optimized HLO beside its trace, where lazyxla's profiler writes its
+    programs' (``lazyxla_programs/<module>.hlo.txt``): the fusions the profile names, to read."""
+    text = compiled.as_text()
+    name = text.split(None, 2)[1].rstrip(",") if text.startswith("HloModule ") else "jax_step"
+    os.makedirs(os.path.join(folder, "lazyxla_programs"), exist_ok=True)
+    with open(os.path.join(folder, "lazyxla_programs", name + ".hlo.txt"), "w") as f:
+        f.write(text)
 
 
 def timed_rounds(run_steps, steps, repeats):
@@ -202,6 +215,7 @@ def run_jax(args):
         jax.profiler.start_trace(os.path.join(args.profile, "jax"), create_perfetto_trace=True)
         run_steps(3)
         jax.profiler.stop_trace()
+        write_text(os.path.join(args.profile, "jax"), compiled)
     peak, limit = peak_memory()
     return {"variant": "jax", "first_s": first_s, "ms": ms, "rounds": rounds, "losses": [losses[0], last_loss],
             "peak_bytes": peak, "bytes_limit": limit, "program": analysis(compiled), "n_params": n_params,
@@ -261,10 +275,10 @@ def run_lazyxla(args, replay=False):
     ms, rounds = timed_rounds(run_steps, args.steps, args.repeats)
     losses.append(last[0])
     if args.profile:
-        jax.profiler.start_trace(os.path.join(args.profile, "replay" if replay else "lazyxla"),
-                                 create_perfetto_trace=True)
+        from lazyxla.debug import profiler  # torch_xla's start_trace / stop_trace: the programs' text beside
+        profiler.start_trace(os.path.join(args.profile, (args.label or ("replay" if replay else "lazyxla")).replace("+", "-")))
         run_steps(3)
-        jax.profiler.stop_trace()
+        profiler.stop_trace()
     peak, limit = peak_memory()
     programs = sorted(computation_cache().values(), key=lambda p: -p.compile_ns)
     import lazyxla.debug.metrics as met
@@ -286,7 +300,7 @@ def report(rows, args):
     by = {r["variant"]: r for r in rows}
     print(f"\nGPT-2 {rows[0]['layers']} layers x {rows[0]['width']}, batch {args.batch} x {args.seq}, "
           f"{args.dtype}, AdamW, {rows[0]['platform']}")
-    print(f"{'variant':<8} {'first s':>8} {'ms/step':>9} {'MFU':>6} {'peak MB':>8} {'program MB (arg/out/temp)':>26} "
+    print(f"{'variant':<15} {'first s':>8} {'ms/step':>9} {'MFU':>6} {'peak MB':>8} {'program MB (arg/out/temp)':>26} "
           f"{'loss first -> last':>22}")
     cfg = SimpleNamespace(n_layer=rows[0]["layers"], n_embd=rows[0]["width"])
     tokens = args.batch * args.seq
@@ -295,11 +309,11 @@ def report(rows, args):
         mfu = flops / (r["ms"] / 1e3) / (args.peak_tflops * 1e12) if r["platform"] == "tpu" else None
         p = r.get("program") or {}
         prog = "/".join(_mb(p.get(k)) for k in ("argument_size", "output_size", "temp_size")) if p else "-"
-        print(f"{r['variant']:<8} {r['first_s']:8.1f} {r['ms']:9.1f} {'-' if mfu is None else f'{mfu:.1%}':>6} "
+        print(f"{r['variant']:<15} {r['first_s']:8.1f} {r['ms']:9.1f} {'-' if mfu is None else f'{mfu:.1%}':>6} "
               f"{_mb(r['peak_bytes']):>8} {prog:>26} {r['losses'][0]:>10.4f} -> {r['losses'][-1]:.4f}")
         r["mfu"] = mfu
-    for name in ("lazyxla", "replay"):
-        if "jax" in by and name in by:
+    for name in by:
+        if "jax" in by and name != "jax":
             j, lz = by["jax"], by[name]
             print(f"{name} / jax: step {lz['ms'] / j['ms']:.2f}x, first step {lz['first_s'] / j['first_s']:.2f}x"
                   + (f", peak memory {lz['peak_bytes'] / j['peak_bytes']:.2f}x" if lz["peak_bytes"] and j["peak_bytes"]
@@ -322,6 +336,7 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--child", choices=VARIANTS, default=None)
+    ap.add_argument("--label", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.tiny:
         args.batch, args.seq = 2, 32
@@ -333,14 +348,18 @@ def main():
     argv = [a for a in sys.argv[1:]]
     for v in args.variants.split(","):
         t0 = time.perf_counter()
-        r = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--child", v], capture_output=True,
-                           text=True)
+        base, _, kernels = v.partition("+")
+        if base not in VARIANTS or kernels not in ("", "kernels"):
+            sys.exit(f"unknown variant {v!r}: one of {', '.join(VARIANTS)}, lazyxla and replay with +kernels")
+        env = dict(os.environ, **({"LAZYXLA_TPU_KERNELS": "on"} if kernels else {}))
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--child", base, "--label", v],
+                           capture_output=True, text=True, env=env)
         got = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
         if r.returncode != 0 or not got:
             print(f"{v}: failed (exit {r.returncode}) after {time.perf_counter() - t0:.0f} s\n{r.stderr[-3000:]}",
                   file=sys.stderr)
             continue
-        rows.append(json.loads(got[-1][len("RESULT "):]))
+        rows.append(dict(json.loads(got[-1][len("RESULT "):]), variant=v))
         print(f"{v}: done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     if rows:
         report(rows, args)
