@@ -1,5 +1,5 @@
 """Where a compile's time goes, by depth: HF GPT-2 (or ``--model bert``, ``llama``) from a
-config (width 128, batch 4 x 64 tokens), AdamW, two training steps (the first makes the optimizer's state: one program since
+config (width 128, batch 4 x 64 tokens; ``--size small``: vocabulary 64, batch 2 x 16), AdamW, two training steps (the first makes the optimizer's state: one program since
 ``optimizer_state``, two with ``LAZYXLA_OPTIMIZER_STATE_AS_DATA=0``), each depth in a new
 process without a persistent cache.
 
@@ -8,7 +8,9 @@ Per depth: programs compiled and their seconds, split as lazyxla's metrics split
 ``CompileLowerTime`` (JAX emits MLIR) and ``CompileBackendTime`` (XLA), that split again from
 XLA:CPU's own timing lines (``TF_CPP_VMODULE=cpu_compiler=1``) into its HLO passes and its code
 generation (LLVM, which compiles each distinct kernel once: identical kernels cost nothing more,
-so code generation grows with the kinds of kernels, the passes with their number); the largest program's share of the run's compile seconds (issue 33 asks for one
+so code generation grows with the kinds of kernels, the passes with their number), the
+slowest kernel's seconds (``kernel s``: kernels compile in parallel, so on a machine of many
+cores a compile waits for its slowest one); the largest program's share of the run's compile seconds (issue 33 asks for one
 program before the steady state: a share near 1).
 
 ``--flags`` runs each depth once per ``XLA_FLAGS`` value (``;`` between values, an empty value
@@ -32,32 +34,41 @@ import time
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def build(model, depth):
-    """An HF model from a config: width 128, 4 heads, ``depth`` layers, 512 tokens."""
+# --size: (width, heads, vocabulary, batch, tokens). "small" is a model whose tensors are so small
+# that a compile's time is its number of ops and kernels, not their sizes (issue 51: rolled, its
+# depth 32 compiled in 4x depth 2's time where the default size took 1.5-1.7x).
+SIZES = {"default": (128, 4, 512, 4, 64), "small": (128, 4, 64, 2, 16)}
+
+
+def build(model, depth, size="default"):
+    """An HF model from a config: ``depth`` layers of ``SIZES[size]``."""
     import transformers as tf
+    width, heads, vocab, _, tokens = SIZES[size]
     if model == "gpt2":
-        return tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=512, n_positions=64, n_embd=128, n_layer=depth, n_head=4))
+        return tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=vocab, n_positions=tokens, n_embd=width, n_layer=depth,
+                                                n_head=heads))
     if model == "bert":
-        return tf.BertForMaskedLM(tf.BertConfig(vocab_size=512, hidden_size=128, num_hidden_layers=depth,
-                                                num_attention_heads=4, intermediate_size=512,
-                                                max_position_embeddings=64))
+        return tf.BertForMaskedLM(tf.BertConfig(vocab_size=vocab, hidden_size=width, num_hidden_layers=depth,
+                                                num_attention_heads=heads, intermediate_size=4 * width,
+                                                max_position_embeddings=tokens))
     if model == "llama":
-        return tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=512, hidden_size=128, num_hidden_layers=depth,
-                                                  num_attention_heads=4, num_key_value_heads=4,
-                                                  intermediate_size=256, max_position_embeddings=64))
+        return tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=vocab, hidden_size=width, num_hidden_layers=depth,
+                                                  num_attention_heads=heads, num_key_value_heads=heads,
+                                                  intermediate_size=2 * width, max_position_embeddings=tokens))
     raise SystemExit(f"unknown model {model!r}: gpt2, bert or llama")
 
 
-def job(depth, model_name):
+def job(depth, model_name, size="default"):
     import torch
     import lazyxla
     import lazyxla.debug.metrics as met
 
     dev = lazyxla.device()
     torch.manual_seed(0)
-    model = build(model_name, depth).to(dev)
+    model = build(model_name, depth, size).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, 512, (4, 64)).to(dev)
+    _, _, vocab, batch, tokens = SIZES[size]
+    ids = torch.randint(0, vocab, (batch, tokens)).to(dev)
     def step():
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -98,36 +109,47 @@ def xla_split(log):
     return total(r"Running HLO passes on \[jit_SyncTensorsGraph\w*\]"), total(r"Compiling \[jit_SyncTensorsGraph\w*\]")
 
 
+def longest_kernel(log):
+    """The seconds of the slowest kernel LLVM compiled (XLA:CPU compiles a program's kernels in
+    parallel: on a machine with many cores, a compile waits for its slowest one)."""
+    secs = [float(v) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[unit]
+            for v, unit in re.findall(r"Compiled LLVM module: \S+ time: ([\d.]+) (us|ms|s) ", log)]
+    return max(secs, default=0.0)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--depths", default="2,8,32")
     p.add_argument("--job", type=int)
     p.add_argument("--model", default="gpt2", help="gpt2, bert or llama (HF, from a config)")
+    p.add_argument("--size", default="default", choices=sorted(SIZES),
+                   help="default: width 128, 4 heads, vocabulary 512, batch 4 x 64 tokens; small: vocabulary 64, "
+                        "batch 2 x 16 (a compile's time is its ops, not their sizes)")
     p.add_argument("--flags", default=None, help="XLA_FLAGS values to compare, ';' between them")
     p.add_argument("--roll", action="store_true",
                    help="each depth unrolled and with its repeated layers rolled (LAZYXLA_ROLL_LAYERS=0 / 1, "
                         "LAZYXLA_ROLL_MIN=4)")
     a = p.parse_args()
     if a.job:
-        return job(a.job, a.model)
+        return job(a.job, a.model, a.size)
     variants = a.flags.split(";") if a.flags is not None else [None]
     rolls = ["0", "1"] if a.roll else [None]
     print(f"{'depth':>5} {'compiles':>8} {'compile s':>9} {'roll s':>6} {'trace s':>8} {'MLIR s':>7} {'XLA s':>7} "
-          f"{'passes s':>8} {'codegen s':>9} {'largest/all':>11} {'warm ms':>8}" + ("  XLA_FLAGS" if a.flags is not None else "")
+          f"{'passes s':>8} {'codegen s':>9} {'kernel s':>8} {'largest/all':>11} {'warm ms':>8}" + ("  XLA_FLAGS" if a.flags is not None else "")
           + ("  rolled" if a.roll else ""))
     for depth in (int(d) for d in a.depths.split(",")):
         for flags, roll in ((f, r) for f in variants for r in rolls):
-            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="cpu_compiler=1")
+            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="cpu_compiler=1,ir_compiler=2")
             if flags is not None:
                 env["XLA_FLAGS"] = flags
             if roll is not None:
                 env.update(LAZYXLA_ROLL_LAYERS=roll, LAZYXLA_ROLL_MIN="4")
-            r = subprocess.run([sys.executable, __file__, "--job", str(depth), "--model", a.model], capture_output=True, text=True,
+            r = subprocess.run([sys.executable, __file__, "--job", str(depth), "--model", a.model, "--size", a.size], capture_output=True, text=True,
                                check=True, env=env)
             g = json.loads(r.stdout.strip().splitlines()[-1])
             passes, codegen = xla_split(r.stderr)
             print(f"{depth:>5} {g['compiles']:>8} {g['total']:>9.2f} {g['roll']:>6.2f} {g['trace']:>8.2f} {g['lower']:>7.2f} "
-                  f"{g['backend']:>7.2f} {passes:>8.2f} {codegen:>9.2f} {g['largest'] / g['total'] if g['total'] else 0:>11.2f} "
+                  f"{g['backend']:>7.2f} {passes:>8.2f} {codegen:>9.2f} {longest_kernel(r.stderr):>8.2f} {g['largest'] / g['total'] if g['total'] else 0:>11.2f} "
                   f"{g['warm_ms']:>8.1f}" + (f"  {flags or '(defaults)'}" if flags is not None else "")
                   + (f"  {'yes' if roll == '1' else 'no'}" if roll is not None else ""))
 

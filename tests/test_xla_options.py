@@ -1,5 +1,5 @@
 """XLA options chosen by what a program holds (``compiler.OPTION_RULES``): a convolution
-network's program compiles with XLA:CPU's loop emitters, other programs with XLA's defaults,
+network's program compiles with XLA:CPU's loop emitters, every XLA:CPU program at LLVM's O1,
 and a user's ``XLA_FLAGS`` setting the option wins. Values are eager's either way."""
 import os
 import subprocess
@@ -15,7 +15,8 @@ import lazyxla
 
 DEV = lazyxla.device()
 pytestmark = pytest.mark.usefixtures("nothing_pending")
-OFF = {"xla_cpu_use_fusion_emitters": False}
+O1 = {"xla_backend_optimization_level": 1}
+OFF = dict(O1, xla_cpu_use_fusion_emitters=False)
 
 
 @pytest.fixture
@@ -48,7 +49,7 @@ def _mlp():
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the rule is XLA:CPU's")
-def test_a_convolution_program_compiles_with_the_loop_emitters_and_others_with_xlas_defaults(passed):
+def test_a_convolution_program_compiles_with_the_loop_emitters_and_every_program_at_o1(passed):
     x = torch.randn(2, 3, 6, 7)
     got, want = _step(_convnet, x, DEV), _step(_convnet, x, "cpu")
     assert passed and all(o == OFF for o in passed)
@@ -56,7 +57,7 @@ def test_a_convolution_program_compiles_with_the_loop_emitters_and_others_with_x
     passed.clear()
     x = torch.randn(4, 7)
     got, want = _step(_mlp, x, DEV), _step(_mlp, x, "cpu")
-    assert passed and all(o == {} for o in passed)
+    assert passed and all(o == O1 for o in passed)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
@@ -74,7 +75,7 @@ def test_the_users_xla_flags_win():
         m(torch.randn(1, 3, 5, 5).to(lazyxla.device())).sum().item()
         print("options", seen)
     """)
-    env = dict(os.environ, XLA_FLAGS="--xla_cpu_use_fusion_emitters=true")
+    env = dict(os.environ, XLA_FLAGS="--xla_cpu_use_fusion_emitters=true --xla_backend_optimization_level=2")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr
     assert "options [{}]" in p.stdout, p.stdout
