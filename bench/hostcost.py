@@ -237,7 +237,7 @@ def compiled_phases(depth, n, compiled="step"):
 def replay_phases(depth, n):
     """A replay's own parts, each replay waited for (ms, medians): binding, the dispatch
     (execution.run: JAX's call and the completion queue), the outputs and the end of the step."""
-    from lazyxla.replay import graphs as rp
+    from lazyxla.replay import binding as rp  # where a replay calls execution.run
     lazyxla, g = _captured(depth)
     b = g._binding
     spent = {}
