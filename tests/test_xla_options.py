@@ -1,5 +1,6 @@
 """XLA options chosen by what a program holds (``compiler.OPTION_RULES``): a convolution
-network's program compiles with XLA:CPU's loop emitters, every XLA:CPU program at LLVM's O1,
+network's program compiles with XLA:CPU's loop emitters, every XLA:CPU program without a loop at
+LLVM's O1,
 and a user's ``XLA_FLAGS`` setting the option wins. Values are eager's either way."""
 import os
 import subprocess
@@ -59,6 +60,26 @@ def test_a_convolution_program_compiles_with_the_loop_emitters_and_every_program
     got, want = _step(_mlp, x, DEV), _step(_mlp, x, "cpu")
     assert passed and all(o == O1 for o in passed)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the rule is XLA:CPU's")
+def test_a_program_with_a_loop_keeps_xlas_default_level(passed):
+    """A loop's body kernels unroll whole at O1 and compile slower than at XLA's default: a
+    program holding a loop (``lazyxla.scan`` here; a rolled one alike) is left at the default."""
+    w = torch.randn(8, 8) * 0.3
+    xs = torch.randn(6, 4, 8)
+
+    def cell(c, x):
+        c = torch.tanh(c @ w.to(c.device) + x)
+        return c, c.sum(-1)
+    c, ys = lazyxla.scan(cell, torch.zeros(4, 8).to(DEV), xs.to(DEV))
+    got = (c.cpu(), ys.cpu())
+    assert passed and all("xla_backend_optimization_level" not in o for o in passed)
+    want_c, want_ys = torch.zeros(4, 8), []
+    for x in xs:
+        want_c, y = cell(want_c, x)
+        want_ys.append(y)
+    torch.testing.assert_close(got, (want_c, torch.stack(want_ys)), rtol=1e-5, atol=1e-5)
 
 
 def test_the_users_xla_flags_win():

@@ -40,7 +40,7 @@ from ..xla.client import compile_environment, jnp_dtype, process_mesh, row_indic
 WRAP_THRESHOLD = env_int("XLA_PARAMETER_WRAPPING_THREADSHOLD", 3200)
 
 # XLA options a program compiles with: each rule whose platform is the device's and whose ops
-# the graph holds (``None``: any program) adds its options, unless ``XLA_FLAGS`` sets them (the
+# the graph holds (``None``: any program without a loop, rolled or scanned) adds its options, unless ``XLA_FLAGS`` sets them (the
 # user's choice, and part of the compile environment; the options follow from the graph and the
 # platform, so a graph hash names them too). (ops, platform, options, what was measured)
 OPTION_RULES = (
@@ -52,7 +52,9 @@ OPTION_RULES = (
      "in LLVM against 1.34-1.53 (its slowest kernel 0.03 s against 0.12-0.14); tests/test_rolling.py "
      "and tests/test_zoo.py ran in 116 s against 134; bench/models.py's GPT-2, BERT and ResNet-18 "
      "steps as fast (replayed GPT-2 251-273 against 273-317 ms), their losses the same to the last "
-     "digit. Kernels inside a rolled loop's body still unroll whole (issue 51)."),
+     "digit. Not for a program with a loop: kernels inside a loop's body unroll whole at O1 too "
+     "and compiled slower than at the default (a narrow GPT-2's two softmax kernels 1.08 s "
+     "against 0.67-0.75; tests/test_scan.py and test_param_stacks.py's 32-layer programs 2x)."),
     (("aten::convolution", "aten::convolution_backward"), "cpu", {"xla_cpu_use_fusion_emitters": False},
      "XLA:CPU's MLIR fusion emitters spend 2-3x the memory of its older loop emitters on each "
      "kernel, and a convolution network's batch norms and patches are hundreds of kernels: "
@@ -70,8 +72,14 @@ def xla_options(graph) -> dict:
              if on == env["platform"] and not any(f"--{k}=" in env["XLA_FLAGS"] for k in options)]
     if not rules:
         return {}
-    held = None if all(ops is None for ops, _ in rules) else {n.sig.op for n in graph.post}
-    return {k: v for ops, options in rules if ops is None or not held.isdisjoint(ops) for k, v in options.items()}
+    held = {n.sig.op for n in graph.post}
+    loop = not held.isdisjoint(LOOP_OPS) or (graph.rolled is not None and
+                                             any(type(n) is rolling.Loop for n in graph.rolled[0][0]))
+    return {k: v for ops, options in rules if (not loop if ops is None else not held.isdisjoint(ops))
+            for k, v in options.items()}
+
+
+LOOP_OPS = ("lazyxla::scan", "lazyxla::scan_vjp")  # regions.scan's loops (rolled ones: rolling.Loop)
 
 
 def specs(graph) -> list:
