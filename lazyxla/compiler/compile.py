@@ -40,9 +40,10 @@ from ..xla.client import compile_environment, jnp_dtype, process_mesh, row_indic
 WRAP_THRESHOLD = env_int("XLA_PARAMETER_WRAPPING_THREADSHOLD", 3200)
 
 # XLA options a program compiles with: each rule whose platform is the device's and whose ops
-# the graph holds (``None``: any program without a loop, rolled or scanned) adds its options, unless ``XLA_FLAGS`` sets them (the
-# user's choice, and part of the compile environment; the options follow from the graph and the
-# platform, so a graph hash names them too). (ops, platform, options, what was measured)
+# the graph holds (``None``: any program without a loop, rolled or scanned) adds its options,
+# unless ``XLA_FLAGS`` sets them (the user's choice, and part of the compile environment; the
+# options follow from the graph and the platform, so a graph hash names them too).
+# (ops, platform, options, what was measured)
 OPTION_RULES = (
     (None, "cpu", {"xla_backend_optimization_level": 1},
      "LLVM at O1 instead of XLA's default for the kernels XLA:CPU emits itself (dots and "
@@ -52,9 +53,9 @@ OPTION_RULES = (
      "in LLVM against 1.34-1.53 (its slowest kernel 0.03 s against 0.12-0.14); tests/test_rolling.py "
      "and tests/test_zoo.py ran in 116 s against 134; bench/models.py's GPT-2, BERT and ResNet-18 "
      "steps as fast (replayed GPT-2 251-273 against 273-317 ms), their losses the same to the last "
-     "digit. Not for a program with a loop: kernels inside a loop's body unroll whole at O1 too "
-     "and compiled slower than at the default (a narrow GPT-2's two softmax kernels 1.08 s "
-     "against 0.67-0.75; tests/test_scan.py and test_param_stacks.py's 32-layer programs 2x)."),
+     "digit. Not for a program with a loop: kernels a loop's body computes in place unroll whole "
+     "at O1 too and compiled slower than at the default (a narrow GPT-2's two softmax kernels "
+     "1.08 s against 0.67-0.75, its program recompiled standalone)."),
     (("aten::convolution", "aten::convolution_backward"), "cpu", {"xla_cpu_use_fusion_emitters": False},
      "XLA:CPU's MLIR fusion emitters spend 2-3x the memory of its older loop emitters on each "
      "kernel, and a convolution network's batch norms and patches are hundreds of kernels: "
