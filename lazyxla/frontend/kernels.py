@@ -10,7 +10,8 @@
   and optimizers made before the move follow the new parameters (``param_moves``);
 - for the AutogradPrivateUse1 key, PyTorch's decompositions of the recurrent layers (its
   composite RNNs pick fused cells that exist only for CUDA on a non-CPU device), and
-  ``scaled_dot_product_attention`` as one node forward and one backward (``attention``).
+  ``scaled_dot_product_attention`` and ``cross_entropy_loss`` as one node forward and one
+  backward each (``attention``, ``cross_entropy``).
 
 May touch: PyTorch's dispatcher registrations and ``torch.nn.Module._apply`` (once; and, through
 ``param_moves.install``, ``Optimizer.add_param_group``).
@@ -20,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from .. import lowering
-from . import attention, param_moves
+from . import attention, cross_entropy, param_moves
 from .device import DEVICE
 from .tensor import LazyTensor, dispatch, to_device
 
@@ -116,6 +117,7 @@ def register() -> None:
     for name in RNN_OPS:
         autograd_lib.impl(name, lowering.DECOMPOSITIONS[_op(name)], "AutogradPrivateUse1")
     attention.register()
+    cross_entropy.register()
     fallback_lib = torch.library.Library("_", "IMPL")
     fallback_lib.fallback(_pu1_fallback, dispatch_key="PrivateUse1", with_keyset=True)
     _LIBRARIES.extend((lib, autograd_lib, fallback_lib))

@@ -64,6 +64,7 @@ from . import histogram  # noqa: F401
 from . import complex  # noqa: F401
 from . import special  # noqa: F401
 from . import attention  # noqa: F401  (lazyxla::attention and its backward: SDPA as one node)
+from . import cross_entropy  # noqa: F401  (lazyxla::cross_entropy and its backward: F.cross_entropy as one node)
 from . import tpu_kernels  # noqa: F401  (Pallas kernels that replace lowerings on a TPU, by its RULES)
 from . import batch_norm  # noqa: F401  (after PyTorch's table: eval returns empty saved statistics)
 from . import amp  # noqa: F401  (after PyTorch's table, which registry loads: the gradient scaler's ops)

@@ -24,7 +24,8 @@ May touch: nothing; reads ``registry`` through ``program.lower_call``.
 
 Modules: ``core`` (kinds, masks, ``Ctx``, ``Rule``, ``lower_padded``, the elementwise rule),
 ``layout`` (views, slices, writes into them, cat, flip, factories), ``reductions`` (reductions,
-softmax, matrix products), ``nn`` (layer norm, embeddings and indexing, losses), ``attention``
+softmax, matrix products), ``nn`` (layer norm, embeddings and indexing, losses and
+``lazyxla::cross_entropy``), ``attention``
 (``lazyxla::attention`` and its backward: padded keys masked out); this file is the table. May touch: nothing; reads ``registry`` through ``program.lower_call``.
 """
 from __future__ import annotations
@@ -36,7 +37,7 @@ from .core import _highest, _lowest
 from .attention import attention, attention_backward, attention_backward_lower, attention_lower
 from .layout import (_moved, _permute, _sizes_at, _t, _transpose, _unsqueeze, along, cat, expand, flip, flip_lower,
                      scatter_view, scatter_view_lower, select, select_lower, slice_, slice_lower, squeeze, stack, view)
-from .nn import (index, index_lower, isin, layer_norm, layer_norm_backward, layer_norm_backward_lower, nll, nll_lower,
+from .nn import (cross_entropy, cross_entropy_lower, index, index_lower, isin, layer_norm, layer_norm_backward, layer_norm_backward_lower, nll, nll_lower,
                  refuse, rows, summed_operand)
 from .reductions import (_var, _var_lower, contraction, contraction_lower, reduction, softmax_backward_lower,
                          softmax_lower)
@@ -99,6 +100,8 @@ _add("embedding_dense_backward.default", Rule(rows, summed_operand(0)))
 _add("nll_loss_forward.default nll_loss_backward.default nll_loss2d_forward.default "
      "nll_loss2d_backward.default", Rule(nll, nll_lower))
 _add("flip.default", Rule(flip, flip_lower))
+_add("lazyxla::cross_entropy.default lazyxla::cross_entropy_backward.default",
+     Rule(cross_entropy, cross_entropy_lower))
 _add("lazyxla::attention.default", Rule(attention, attention_lower))
 _add("lazyxla::attention_backward.default", Rule(attention_backward, attention_backward_lower))
 for _name in ("roll.default", "sort.default", "sort.stable", "topk.default", "argsort.default"):

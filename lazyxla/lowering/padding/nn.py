@@ -139,6 +139,41 @@ def nll_lower(inner, vals, sizes, info):
     return lower_call(inner, vals)
 
 
+def cross_entropy(c):
+    """lazyxla::cross_entropy and its backward: rows may be padded (the padding's target is
+    ``ignore_index``), the classes may not (they are reduced over). The forward's per-row loss
+    (reduction none) and row statistics follow the target's kinds, a reduced loss is not
+    padded; the backward's gradient follows the logits."""
+    backward = "backward" in overload_name(c.inner.func)
+    kx = c.in_kinds[1 if backward else 0]
+    if kx[1] is not None:
+        return "reduces over a padded class dimension"
+    if backward:
+        return (_merged(c.out_kinds[0], tuple(kx)),)
+    kt = tuple(c.in_kinds[1])
+    reduction = c.template[0][2]
+    loss = _merged(c.out_kinds[0], kt) if reduction == 0 else c.out_kinds[0]
+    return (loss, _merged(c.out_kinds[1], kt), _merged(c.out_kinds[2], kt))
+
+
+def cross_entropy_lower(inner, vals, sizes, info):
+    # the padding's target is ignore_index (no loss, no count, no gradient); its logits and row
+    # statistics are made finite, so nothing there turns into NaN
+    targs, _ = _args(inner)
+    backward = "backward" in overload_name(inner.func)
+    first = 1 if backward else 0  # the logits' operand
+    ignore = targs[first + 5 if backward else 3]
+    vals = list(vals)
+    kinds = info[0]
+    if _any(kinds[first + 1]):
+        vals[first + 1] = masked(vals[first + 1], kinds[first + 1], sizes, ignore)
+    fills = {first: 0, 0: 0, 3: 0, 4: 0} if backward else {first: 0}
+    for i, f in fills.items():
+        if _any(kinds[i]):
+            vals[i] = masked(vals[i], kinds[i], sizes, f)
+    return lower_call(inner, vals)
+
+
 def refuse(why):
     def check(*_):
         return why
