@@ -179,6 +179,7 @@ def _completions():
         if item is None:
             return
         done, outs, key_hex, t0 = item
+        a = None
         try:
             a = _representative(outs)  # one wake per program, not one per output
             err = _await(() if a is None else (a,), key_hex, t0, done)
@@ -188,6 +189,9 @@ def _completions():
         except BaseException as e:  # noqa: BLE001 - never leave a completion unfinished
             err = ExecutionError(_failure_text(key_hex, e))
         done.finish(err)
+        # not held while waiting for the next program: a training loop's last synced step
+        # (a replay loop runs no other) would keep its outputs, the gradients, on the device
+        item = done = outs = a = None
 
 
 def _drain_at_exit():
