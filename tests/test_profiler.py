@@ -81,6 +81,9 @@ def test_a_tpu_trace_is_read_by_its_device_timeline(tmp_path):
         HloModule jit_SyncTensorsGraph_abc, is_scheduled=true
         ENTRY %main {
           %fusion.1 = bf16[8,128]{1,0} fusion(%p0), kind=kOutput, calls=%f1, metadata={op_name="jit(SyncTensorsGraph_abc)/aten.mm at train.py:42/dot_general" stack_frame_id=3}
+          %splash_mha_fwd_residuals.3 = (bf16[8,128]{1,0}) custom-call(%fusion.1), custom_call_target="tpu_custom_call", frontend_attributes={kernel_metadata={
+        "xprof_metadata":"{\\"block_q\\": 512}"
+        }}, metadata={op_name="jit(SyncTensorsGraph_abc)/lazyxla.attention at model.py:7/jvp(vmap(static_sparsity_splash))/pallas_call" stack_frame_id=4}
           ROOT %copy.2 = f32[8,128]{0,1} copy(%fusion.1), metadata={op_name="jit(SyncTensorsGraph_abc)/aten._to_copy at train.py:43/convert_element_type"}
         }
         ''')
@@ -97,11 +100,15 @@ def test_a_tpu_trace_is_read_by_its_device_timeline(tmp_path):
                        "args": {"hlo_category": "convolution fusion"}})
         events.append({"ph": "X", "pid": dev, "tid": ops, "ts": t0 + 320, "dur": 100.0, "name": "copy.2",
                        "args": {"hlo_category": "data formatting"}})
+        # a Pallas kernel: its instruction's text spans lines (the kernel's metadata)
+        events.append({"ph": "X", "pid": dev, "tid": ops, "ts": t0 + 430, "dur": 50.0,
+                       "name": "splash_mha_fwd_residuals.3", "args": {"hlo_category": "custom-call"}})
     p = profile.parse(events, {"jit_SyncTensorsGraph_abc": text})
     assert p.device == "/device:TPU:0" and p.steps == 2
     assert p.programs == {"jit_SyncTensorsGraph_abc": [500.0, 500.0]}
     by_line = dict(p.per_step(lambda r: p.where(r)))
-    assert by_line == {("aten.mm", "train.py:42"): 300.0, ("aten._to_copy", "train.py:43"): 100.0}
+    assert by_line == {("aten.mm", "train.py:42"): 300.0, ("aten._to_copy", "train.py:43"): 100.0,
+                       ("lazyxla.attention", "model.py:7"): 50.0}
     report = profile.report(p)
     assert "program jit_SyncTensorsGraph_abc: 2 run(s),     0.50 ms" in report
     assert re.search(r"0\.30 ms\s+train\.py:42\s+aten\.mm", report), report

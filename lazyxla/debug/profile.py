@@ -26,7 +26,7 @@ import re
 from .profiler import PROGRAMS_DIR
 
 _LINE = re.compile(r"([\w.\-]+) at ([^/\"]+:\d+)")
-_INSTR = re.compile(r"\s*(?:ROOT )?%?([\w.\-]+) = .*?metadata=\{([^}]*)\}")
+_INSTR = re.compile(r"\s+(?:ROOT )?%?([\w.\-]+) = (.*)")
 
 
 class OpRun:
@@ -69,15 +69,28 @@ def origins(program_text: str) -> dict:
     """op name -> (ATen op, user line) for each instruction of a program's text whose
     ``op_name`` metadata carries a lowering's scope."""
     out = {}
-    for line in program_text.splitlines():
-        m = _INSTR.match(line)
-        if not m:
-            continue
-        op_name = re.search(r'op_name="([^"]*)"', m.group(2))
+    for name, text in _instructions(program_text):
+        op_name = re.search(r'op_name="([^"]*)"', text)
         found = _LINE.findall(op_name.group(1)) if op_name else None
         if found:
-            out[m.group(1)] = found[-1]
+            out[name] = found[-1]
     return out
+
+
+def _instructions(program_text: str):
+    """(name, text) of each instruction; an instruction's text may span lines (a Pallas
+    kernel's custom call carries its kernel's metadata as text with line breaks)."""
+    name, parts = None, []
+    for line in program_text.splitlines():
+        m = _INSTR.match(line)
+        if m or not line.startswith((" ", '"', "}}")):
+            if name is not None:
+                yield name, "\n".join(parts)
+            name, parts = (m.group(1), [m.group(2)]) if m else (None, [])
+        elif name is not None:
+            parts.append(line)
+    if name is not None:
+        yield name, "\n".join(parts)
 
 
 def _program_texts(log_dir):
