@@ -14,8 +14,9 @@ LM head, dropout off), trained with AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, w
   donated. Attention is what a JAX user writes (the scores, a float32 softmax, the
   probabilities in the model's dtype times v), the layer norms and the loss in float32.
 
-A variant named with ``+kernels`` (``replay+kernels``) runs with ``LAZYXLA_TPU_KERNELS=on``: the
-TPU's Pallas kernels (``lazyxla.lowering.tpu_kernels``) in place of the XLA lowerings they replace.
+A variant named with ``+kernels`` (``replay+kernels``) runs with ``LAZYXLA_TPU_KERNELS=on`` (what
+a user gets by default): the TPU's Pallas kernels (``lazyxla.lowering.tpu_kernels``) in place of
+the XLA lowerings they replace; the others with ``off``: the XLA lowerings alone.
 
 Each variant runs in a process of its own (one process holds a TPU), one after the other, and
 reports: the first step's seconds (compile included), a steady step's ms (median of
@@ -351,7 +352,7 @@ def main():
         base, _, kernels = v.partition("+")
         if base not in VARIANTS or kernels not in ("", "kernels"):
             sys.exit(f"unknown variant {v!r}: one of {', '.join(VARIANTS)}, lazyxla and replay with +kernels")
-        env = dict(os.environ, **({"LAZYXLA_TPU_KERNELS": "on"} if kernels else {}))
+        env = dict(os.environ, LAZYXLA_TPU_KERNELS="on" if kernels else "off")
         r = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--child", base, "--label", v],
                            capture_output=True, text=True, env=env)
         got = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]

@@ -1,8 +1,8 @@
 """Pallas kernels for the TPU (``lazyxla.lowering.tpu_kernels``), run here by Pallas' interpreter
 (``LAZYXLA_TPU_KERNELS=interpret``, in a process of its own: the mode is read once): attention
-whose call fits the flash attention kernel's rules is computed by it, forward and backward,
+whose call fits the splash attention kernel's rules is computed by it, forward and backward,
 with eager's values and gradients; a call that does not fit keeps the XLA lowering, and the mode
-is part of the compile environment (the key) only when it is not ``off``."""
+is part of the compile environment (the key) only when kernels replace lowerings."""
 import json
 import os
 import subprocess
@@ -73,8 +73,17 @@ def test_a_call_that_does_not_fit_keeps_the_xla_lowering(runs):
         assert got["loops"] == off["loops"] and got["err"] < tol, (dt, got, off)
 
 
-def test_the_mode_is_part_of_the_key_only_when_it_is_on(runs):
+def test_the_mode_is_part_of_the_key_only_when_kernels_replace_lowerings(runs):
+    """``interpret`` changes programs: its own key. ``on``, the default, changes programs only on
+    a TPU: on a CPU its programs, and their keys, are ``off``'s."""
     assert runs["interpret"]["key"] != runs["off"]["key"]
+    env = dict(os.environ, LAZYXLA_TPU_KERNELS="on", JAX_PLATFORMS="cpu")
+    code = ("import lazyxla, torch; from lazyxla.xla.client import tpu_kernels_mode; "
+            "x = torch.ones(2, 8).to(lazyxla.device()); print(tpu_kernels_mode(), lazyxla.graph_hash([x * 3]))")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    mode, key = r.stdout.split()[-2:]
+    assert mode == "off" and key == runs["off"]["key"]
 
 
 def test_an_unknown_mode_is_refused_naming_the_variable():

@@ -20,7 +20,7 @@ repeats each key and value head for its group of query heads (the gradients sum 
 group). Both products compute at the matmul precision (``xla.precision``, family
 ``attention``).
 
-On a TPU, where ``tpu_kernels``' rules let it, both are the Pallas flash attention kernel
+On a TPU, where ``tpu_kernels``' rules let it, both are the Pallas splash attention kernel
 instead (``LAZYXLA_TPU_KERNELS``); the forward's log-sum-exp is then not computed (its backward
 is the kernel's own). Defines the two ops (``torch.library``: schema and shape function) and
 registers their lowerings. Touches only the registry.
@@ -103,7 +103,7 @@ def _none_kept(keep, shape):
 def _attention(sig, q, k, v, mask, is_causal, scale, enable_gqa):
     groups = q.shape[-3] // k.shape[-3] if enable_gqa else 1
     k, v = _grouped(k, groups), _grouped(v, groups)
-    if tpu_kernels.attention_fits(q, k, v, mask, is_causal):  # the TPU's flash attention (its backward too)
+    if tpu_kernels.attention_fits(q, k, v, mask, is_causal):  # the TPU's splash attention (its backward too)
         return (tpu_kernels.attention(q, k, v, is_causal, scale).astype(q.dtype),
                 jnp.zeros(q.shape[:-1], jnp.float32))
     s, keep = _scores(q, k, mask, is_causal, scale)

@@ -239,13 +239,29 @@ if PRNG_IMPL not in ("rbg", "unsafe_rbg", "threefry2x32"):
     raise ValueError(f"LAZYXLA_PRNG_IMPL={PRNG_IMPL!r}: one of rbg, unsafe_rbg, threefry2x32")
 
 
+# Pallas kernels in place of XLA lowerings (``lowering.tpu_kernels``): ``on`` (the default: on a
+# TPU, where a kernel's rules fit), ``off``, or ``interpret`` (on any platform, by Pallas'
+# interpreter: the tests on a CPU). Read once; ``tpu_kernels_mode()`` is what this process does.
+TPU_KERNELS = env_str("LAZYXLA_TPU_KERNELS", "on").strip().lower() or "on"
+if TPU_KERNELS not in ("off", "on", "interpret"):
+    raise ValueError(f"LAZYXLA_TPU_KERNELS={TPU_KERNELS!r}: one of off, on, interpret")
+
+
+def tpu_kernels_mode() -> str:
+    """What this process's programs use: ``off`` (the XLA lowerings: ``off``, or ``on`` on a
+    platform other than a TPU), ``on`` (the kernels, compiled for the TPU) or ``interpret``."""
+    if TPU_KERNELS == "on" and jax_device().platform != "tpu":
+        return "off"
+    return TPU_KERNELS
+
+
 @functools.lru_cache(maxsize=1)
 def compile_environment() -> dict:
     """What a compiled program depends on besides its graph, read once per process:
     ``platform``, ``platform_version``, ``devices``, the code-changing ``XLA_FLAGS``,
     ``XLA_IR_DEBUG``, ``XLA_HLO_DEBUG``, ``LAZYXLA_CHECK_VALUES`` (value checks change the
     program: ``lowering.program``), ``LAZYXLA_PRNG_IMPL`` (the bits random ops draw),
-    ``LAZYXLA_TPU_KERNELS`` (Pallas kernels in place of lowerings: ``lowering.tpu_kernels``), and the versions ``jax``, ``jaxlib``, ``torch``
+    ``LAZYXLA_TPU_KERNELS`` (whether Pallas kernels replace lowerings: ``tpu_kernels_mode()``), and the versions ``jax``, ``jaxlib``, ``torch``
     (with its git revision ``torch_git``) and ``lazyxla``."""
     dev = jax_device()
     return {
@@ -257,7 +273,7 @@ def compile_environment() -> dict:
         "XLA_HLO_DEBUG": env_str("XLA_HLO_DEBUG"),
         "LAZYXLA_CHECK_VALUES": "1" if env_flag("LAZYXLA_CHECK_VALUES", True) else "0",
         "LAZYXLA_PRNG_IMPL": PRNG_IMPL,
-        "LAZYXLA_TPU_KERNELS": env_str("LAZYXLA_TPU_KERNELS", "off").strip().lower() or "off",
+        "LAZYXLA_TPU_KERNELS": tpu_kernels_mode(),
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
         "torch": f"{torch.__version__} ({torch.version.git_version})",
