@@ -16,7 +16,9 @@ LM head, dropout off), trained with AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, w
 
 A variant named with ``+kernels`` (``replay+kernels``) runs with ``LAZYXLA_TPU_KERNELS=on`` (what
 a user gets by default): the TPU's Pallas kernels (``lazyxla.lowering.tpu_kernels``) in place of
-the XLA lowerings they replace; the others with ``off``: the XLA lowerings alone.
+the XLA lowerings they replace; the others with ``off``: the XLA lowerings alone. With ``+rolled``
+(``replay+kernels+rolled``) the model's layers are rolled into loops (``LAZYXLA_ROLL_MIN`` set
+to the layer count; rolling's default starts at more layers than GPT-2 124M has).
 
 Each variant runs in a process of its own (one process holds a TPU), one after the other, and
 reports: the first step's seconds (compile included), a steady step's ms (median of
@@ -47,6 +49,11 @@ import sys
 import time
 
 VARIANTS = ("jax", "lazyxla", "replay")
+# a lazyxla variant's suffixes -> the environment its process runs with
+EXTRAS = {
+    "kernels": lambda args: {"LAZYXLA_TPU_KERNELS": "on"},  # the TPU's Pallas kernels (the default)
+    "rolled": lambda args: {"LAZYXLA_ROLL_MIN": str(args.layers)},  # the layers rolled into loops
+}
 
 
 def config(args):
@@ -301,7 +308,7 @@ def report(rows, args):
     by = {r["variant"]: r for r in rows}
     print(f"\nGPT-2 {rows[0]['layers']} layers x {rows[0]['width']}, batch {args.batch} x {args.seq}, "
           f"{args.dtype}, AdamW, {rows[0]['platform']}")
-    print(f"{'variant':<15} {'first s':>8} {'ms/step':>9} {'MFU':>6} {'peak MB':>8} {'program MB (arg/out/temp)':>26} "
+    print(f"{'variant':<24} {'first s':>8} {'ms/step':>9} {'MFU':>6} {'peak MB':>8} {'program MB (arg/out/temp)':>26} "
           f"{'loss first -> last':>22}")
     cfg = SimpleNamespace(n_layer=rows[0]["layers"], n_embd=rows[0]["width"])
     tokens = args.batch * args.seq
@@ -310,7 +317,7 @@ def report(rows, args):
         mfu = flops / (r["ms"] / 1e3) / (args.peak_tflops * 1e12) if r["platform"] == "tpu" else None
         p = r.get("program") or {}
         prog = "/".join(_mb(p.get(k)) for k in ("argument_size", "output_size", "temp_size")) if p else "-"
-        print(f"{r['variant']:<15} {r['first_s']:8.1f} {r['ms']:9.1f} {'-' if mfu is None else f'{mfu:.1%}':>6} "
+        print(f"{r['variant']:<24} {r['first_s']:8.1f} {r['ms']:9.1f} {'-' if mfu is None else f'{mfu:.1%}':>6} "
               f"{_mb(r['peak_bytes']):>8} {prog:>26} {r['losses'][0]:>10.4f} -> {r['losses'][-1]:.4f}")
         r["mfu"] = mfu
     for name in by:
@@ -349,10 +356,13 @@ def main():
     argv = [a for a in sys.argv[1:]]
     for v in args.variants.split(","):
         t0 = time.perf_counter()
-        base, _, kernels = v.partition("+")
-        if base not in VARIANTS or kernels not in ("", "kernels"):
-            sys.exit(f"unknown variant {v!r}: one of {', '.join(VARIANTS)}, lazyxla and replay with +kernels")
-        env = dict(os.environ, LAZYXLA_TPU_KERNELS="on" if kernels else "off")
+        base, *extras = v.split("+")
+        if base not in VARIANTS or any(e not in EXTRAS for e in extras):
+            sys.exit(f"unknown variant {v!r}: one of {', '.join(VARIANTS)}, lazyxla and replay with "
+                     f"{', '.join('+' + e for e in EXTRAS)}")
+        env = dict(os.environ, LAZYXLA_TPU_KERNELS="off")
+        for e in extras:
+            env.update(EXTRAS[e](args))
         r = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--child", base, "--label", v],
                            capture_output=True, text=True, env=env)
         got = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
