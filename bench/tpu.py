@@ -34,7 +34,10 @@ The table's ratios are lazyxla's over JAX's, in the same run.
 (``lazyxla.backends.set_mat_mul_precision``) and JAX's (``jax_default_matmul_precision``), for
 float32 runs. ``--tiny``: a 2-layer x 64 model on 2 x 32 tokens, to try the script on a CPU.
 
-Usage: python bench/tpu.py [--layers 12] [--batch 8] [--seq 1024] [--dtype bf16|f32]
+``--model llama``: a Llama-style decoder of the same size (RMSNorm, rotary embeddings, a gated
+MLP, grouped key/value heads), lazyxla's variants only: its MFU beside GPT-2's.
+
+Usage: python bench/tpu.py [--model gpt2|llama] [--layers 12] [--batch 8] [--seq 1024] [--dtype bf16|f32]
        [--variants jax,lazyxla,replay,replay+kernels] [--steps 10] [--repeats 3] [--profile DIR] [--json FILE] [--tiny]
 Needs transformers (and optax for the JAX step).
 """
@@ -57,6 +60,8 @@ EXTRAS = {
 
 
 def config(args):
+    if args.model == "llama":
+        return llama_config(args)
     from transformers import GPT2Config
     if args.tiny:
         return GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=64, resid_pdrop=0.0,
@@ -66,11 +71,28 @@ def config(args):
                       attn_implementation="sdpa")
 
 
+def llama_config(args):
+    """A Llama-style decoder of GPT-2 124M's size (``--model llama``): RMSNorm, rotary embeddings,
+    a gated SiLU MLP (8/3 of the width, rounded to 256), a third as many key/value heads as query
+    heads, vocabulary 32000, untied embeddings."""
+    from transformers import LlamaConfig
+    width, layers, heads = (64, 2, 4) if args.tiny else (args.width, args.layers, args.width // 64)
+    return LlamaConfig(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
+                       num_key_value_heads=max(1, heads // 3), intermediate_size=(8 * width // 3 + 255) // 256 * 256,
+                       vocab_size=512 if args.tiny else 32000, max_position_embeddings=max(1024, args.seq),
+                       attention_dropout=0.0, tie_word_embeddings=False, attn_implementation="sdpa")
+
+
 def hf_model(args):
     import torch
-    from transformers import GPT2LMHeadModel
+    from transformers import AutoModelForCausalLM
     torch.manual_seed(0)
-    return GPT2LMHeadModel(config(args))
+    return AutoModelForCausalLM.from_config(config(args))
+
+
+def _shape(cfg):
+    """(layers, width) of a GPT-2 or a Llama config."""
+    return (getattr(cfg, "n_layer", None) or cfg.num_hidden_layers, getattr(cfg, "n_embd", None) or cfg.hidden_size)
 
 
 def batch(args, vocab):
@@ -227,7 +249,7 @@ def run_jax(args):
     peak, limit = peak_memory()
     return {"variant": "jax", "first_s": first_s, "ms": ms, "rounds": rounds, "losses": [losses[0], last_loss],
             "peak_bytes": peak, "bytes_limit": limit, "program": analysis(compiled), "n_params": n_params,
-            "layers": cfg.n_layer, "width": cfg.n_embd, "platform": jax.devices()[0].platform}
+            "layers": _shape(cfg)[0], "width": _shape(cfg)[1], "platform": jax.devices()[0].platform}
 
 
 # ---------------------------------------------------------------------------------------
@@ -293,8 +315,8 @@ def run_lazyxla(args, replay=False):
     return {"variant": "replay" if replay else "lazyxla", "first_s": first_s, "second_s": second_s, "ms": ms, "rounds": rounds,
             "losses": [float(t.detach().float().cpu()) for t in losses], "peak_bytes": peak, "bytes_limit": limit,
             "program": analysis(programs[0].executable) if programs else None, "programs": len(programs),
-            "compiles": met.counter_value("UncachedCompile"), "n_params": n_params, "layers": cfg.n_layer,
-            "width": cfg.n_embd, "precision": lazyxla.backends.get_mat_mul_precision(),
+            "compiles": met.counter_value("UncachedCompile"), "n_params": n_params, "layers": _shape(cfg)[0],
+            "width": _shape(cfg)[1], "precision": lazyxla.backends.get_mat_mul_precision(),
             "platform": jax.devices()[0].platform}
 
 
@@ -306,7 +328,8 @@ def _mb(b):
 def report(rows, args):
     from types import SimpleNamespace
     by = {r["variant"]: r for r in rows}
-    print(f"\nGPT-2 {rows[0]['layers']} layers x {rows[0]['width']}, batch {args.batch} x {args.seq}, "
+    print(f"\n{'Llama-style' if args.model == 'llama' else 'GPT-2'} {rows[0]['layers']} layers x {rows[0]['width']}, "
+          f"batch {args.batch} x {args.seq}, "
           f"{args.dtype}, AdamW, {rows[0]['platform']}")
     print(f"{'variant':<24} {'first s':>8} {'ms/step':>9} {'MFU':>6} {'peak MB':>8} {'program MB (arg/out/temp)':>26} "
           f"{'loss first -> last':>22}")
@@ -330,6 +353,8 @@ def report(rows, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", choices=("gpt2", "llama"), default="gpt2",
+                    help="llama: a Llama-style decoder of the same size (lazyxla's variants only)")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--width", type=int, default=768)
     ap.add_argument("--batch", type=int, default=8)
@@ -352,6 +377,8 @@ def main():
         row = run_jax(args) if args.child == "jax" else run_lazyxla(args, replay=args.child == "replay")
         print("RESULT " + json.dumps(row))
         return
+    if args.model == "llama" and any(v.split("+")[0] == "jax" for v in args.variants.split(",")):
+        sys.exit("--model llama: lazyxla's variants only (the JAX step is GPT-2's); its MFU is compared with GPT-2's")
     rows = []
     argv = [a for a in sys.argv[1:]]
     for v in args.variants.split(","):
