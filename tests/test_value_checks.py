@@ -71,7 +71,7 @@ CASES = {
     "embedding": (lambda d: F.embedding(_i(d, 1, 5), _x(d)), "aten::embedding", "index out of range in self"),
     "embedding_bag": (lambda d: F.embedding_bag(_i(d, 5), _x(d), _i(d, 0)), "aten::_embedding_bag",
                       "takes value 5 which is not in the valid range [0, 3)"),
-    "cross_entropy": (lambda d: F.cross_entropy(torch.randn(2, 3).to(d), _i(d, 1, 7)), "aten::nll_loss_forward",
+    "cross_entropy": (lambda d: F.cross_entropy(torch.randn(2, 3).to(d), _i(d, 1, 7)), "lazyxla::cross_entropy",
                       "Target 7 is out of bounds."),
     "masked_scatter_source": (lambda d: torch.zeros(4).to(d).masked_scatter(_i(d, True, True, True, False),
                                                                             torch.ones(2).to(d)),
