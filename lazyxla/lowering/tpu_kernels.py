@@ -40,6 +40,7 @@ RULES = {
 # 8 x 12 x 1024 x 64, bf16, causal, forward and backward): see the README's TPU section
 ATTENTION_BLOCKS = (512, 512)
 
+
 def _active() -> bool:
     return tpu_kernels_mode() != "off"
 
@@ -66,7 +67,8 @@ def attention_fits(q, k, v, mask, is_causal) -> bool:
         return False
     if L % BLOCK or S % BLOCK:
         return False
-    # float32 only where a product may be one bfloat16 pass (the kernel's are no more exact)
+    # float32 only at 'default', where a product may be one bfloat16 pass: the kernel's products
+    # promise no more than that
     return q.dtype == jnp.bfloat16 or (q.dtype == jnp.float32 and precision.get_mat_mul_precision() == "default")
 
 
