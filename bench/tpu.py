@@ -254,22 +254,16 @@ def run_jax(args):
 
 # ---------------------------------------------------------------------------------------
 # The lazyxla step: the HF model as a user writes it.
-def run_lazyxla(args, replay=False):
-    import jax
+def lazyxla_step(args, replay=False):
+    """The HF model on lazyxla's device in ``--dtype``, and its training step as a user writes it
+    (``torch.optim.AdamW``, ``capturable`` for a replay; the loss HF's on one batch)."""
     import torch
     import lazyxla
-    from lazyxla.compiler.cache import computation_cache
-    if args.precision:
-        lazyxla.backends.set_mat_mul_precision(args.precision)
     dev = lazyxla.device()
-    hf = hf_model(args)
-    cfg = hf.config
-    n_params = sum(p.numel() for p in hf.parameters())
-    model = hf.to(torch.bfloat16 if args.dtype == "bf16" else torch.float32).to(dev)
+    model = hf_model(args).to(torch.bfloat16 if args.dtype == "bf16" else torch.float32).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
                             capturable=replay)
-    ids = batch(args, cfg.vocab_size).to(dev)
-    losses = []
+    ids = batch(args, model.config.vocab_size).to(dev)
 
     def step():
         opt.zero_grad()
@@ -278,6 +272,19 @@ def run_lazyxla(args, replay=False):
         opt.step()
         return loss
 
+    return model, step
+
+
+def run_lazyxla(args, replay=False):
+    import jax
+    import lazyxla
+    from lazyxla.compiler.cache import computation_cache
+    if args.precision:
+        lazyxla.backends.set_mat_mul_precision(args.precision)
+    model, step = lazyxla_step(args, replay)
+    cfg = model.config
+    n_params = sum(p.numel() for p in model.parameters())
+    losses = []
     replayed = lazyxla.compile(step, replay=True) if replay else None
 
     def one():

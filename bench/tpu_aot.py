@@ -91,14 +91,12 @@ def main():
     from jax.experimental import topologies
     tpu = jax.sharding.SingleDeviceSharding(topologies.get_topology_desc(topology_name="v5e:1x1",
                                                                          platform="tpu").devices[0])
-    import torch
-
     import lazyxla
     import lazyxla.compiler.compile as compile_mod
     import lazyxla.lowering.tpu_kernels as tpu_kernels
     from lazyxla.xla import precision
     from lazyxla.xla.jax_internals import tupled_parameters
-    from tpu import batch, hf_model
+    from tpu import lazyxla_step
 
     if args.kernels:  # what LAZYXLA_TPU_KERNELS=on does on a TPU
         tpu_kernels._active = lambda: True
@@ -138,16 +136,7 @@ def main():
             mod.compile_graph = for_the_tpu
     if args.tiny:
         args.batch, args.seq = 2, 32
-    model = hf_model(args).to(torch.bfloat16 if args.dtype == "bf16" else torch.float32).to(lazyxla.device())
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, capturable=args.replay)
-    ids = batch(args, model.config.vocab_size).to(lazyxla.device())
-
-    def step():
-        opt.zero_grad()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        return loss
+    _, step = lazyxla_step(args, args.replay)
 
     if args.replay:
         lazyxla.compile(step, replay=True)()

@@ -147,3 +147,37 @@ def torch_compiled_losses(model, opt, x, steps=4):
         if lazy:
             lazyxla.sync()
     return losses
+
+
+def tiny_gpt2_counts(counters, steps=3):
+    """A 2-layer HF GPT-2 (SDPA attention) trained ``steps`` AdamW steps on the CPU and lazily on
+    the device from the same weights: asserts the lazy losses are eager's, and returns how much
+    each of ``counters`` grew during the lazy run."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=16, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    ref = GPT2LMHeadModel(cfg)
+    lazy = GPT2LMHeadModel(cfg)
+    lazy.load_state_dict(ref.state_dict())
+    dev = lazyxla.device()
+    lazy = lazy.to(dev)
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(3))
+    losses, grew = {}, {}
+    for name, model, d in (("eager", ref, "cpu"), ("lazy", lazy, dev)):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        before = {c: cnt(c) for c in counters}
+        out = []
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = model(input_ids=ids.to(d), labels=ids.to(d)).loss
+            loss.backward()
+            opt.step()
+            if d != "cpu":
+                lazyxla.sync()
+            out.append(loss.item())
+        losses[name] = out
+        if d != "cpu":
+            grew = {c: cnt(c) - before[c] for c in counters}
+    torch.testing.assert_close(torch.tensor(losses["lazy"]), torch.tensor(losses["eager"]), rtol=1e-4, atol=1e-5)
+    return grew

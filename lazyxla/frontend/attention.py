@@ -2,15 +2,15 @@
 
 PyTorch's SDPA is a composite: on a device without a fused kernel it decomposes into its math
 path (float32 upcasts of half-precision inputs, the scores and probabilities materialized, a
-safe-softmax pass), which every model's attention then records op by op. ``register()`` gives
-the op a kernel of its own for the lazy device's autograd key: where lazyxla's attention
+safe-softmax pass), which every model's attention then records op by op. ``kernels`` gives
+the op this kernel for the lazy device's autograd key (``ONE_NODE``): where lazyxla's attention
 (``lowering.attention``) computes exactly what was asked, it records ``lazyxla::attention``,
 whose gradient (``register_autograd``) records ``lazyxla::attention_backward``; anything else
 (dropout, a mask that needs a gradient, an input PyTorch refuses) takes PyTorch's own
 decomposition, so its numbers and its errors are eager's. ``LAZYXLA_FUSED_ATTENTION=0`` leaves
 every call to the decomposition.
 
-May touch: PyTorch's dispatcher registrations (once), the two ops' autograd formulas.
+May touch: nothing (``kernels`` registers ``kernel``, ``backward`` and ``setup``).
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from ..config import env_flag
 from ..lowering.attention import ATTENTION, ATTENTION_BACKWARD
 
 ENABLED = env_flag("LAZYXLA_FUSED_ATTENTION", True)
+OP, ATEN = "lazyxla::attention", "scaled_dot_product_attention"  # the node, and the op it takes over
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 
 
@@ -51,7 +52,7 @@ def _supported(q, k, v, mask, dropout_p, is_causal, enable_gqa) -> bool:
     return True
 
 
-def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+def kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
     if not _supported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
         return _SDPA.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                                enable_gqa=enable_gqa)
@@ -60,28 +61,15 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
     return out
 
 
-def _setup(ctx, inputs, output):
+def setup(ctx, inputs, output):
     q, k, v, mask, is_causal, scale, enable_gqa = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, mask, out, lse)
     ctx.args = (is_causal, scale, enable_gqa)
 
 
-def _backward(ctx, grad_out, grad_lse):
+def backward(ctx, grad_out, grad_lse):
     q, k, v, mask, out, lse = ctx.saved_tensors
     is_causal, scale, enable_gqa = ctx.args
     dq, dk, dv = ATTENTION_BACKWARD(grad_out.contiguous(), q, k, v, mask, out, lse, is_causal, scale, enable_gqa)
     return dq, dk, dv, None, None, None, None
-
-
-_LIBRARIES: list = []
-
-
-def register() -> None:
-    """The SDPA kernel for the lazy device's autograd key, and the op's gradient (once)."""
-    if _LIBRARIES:
-        return
-    torch.library.register_autograd("lazyxla::attention", _backward, setup_context=_setup)
-    lib = torch.library.Library("aten", "IMPL")
-    lib.impl("scaled_dot_product_attention", _sdpa, "AutogradPrivateUse1")
-    _LIBRARIES.append(lib)

@@ -1,8 +1,8 @@
 """``F.cross_entropy`` on the lazy device: one node forward, one backward.
 
 PyTorch's ``cross_entropy_loss`` is a composite (``log_softmax``, then ``nll_loss``), whose
-log-probabilities become a whole array of the logits' size in the program. ``register()`` gives
-the op a kernel of its own for the lazy device's autograd key: where lazyxla's cross entropy
+log-probabilities become a whole array of the logits' size in the program. ``kernels`` gives
+the op this kernel for the lazy device's autograd key (``ONE_NODE``): where lazyxla's cross entropy
 (``lowering.cross_entropy``) computes exactly what the composite does (float32 or float64
 logits ``[N, C]``, class-index targets ``[N]``, no class weights, no label smoothing) it records
 ``lazyxla::cross_entropy``, whose gradient records ``lazyxla::cross_entropy_backward``; any other
@@ -12,7 +12,7 @@ picking the target's (language models' losses upcast the logits to float32 first
 ``logits.float()``, and take the node). ``LAZYXLA_FUSED_CROSS_ENTROPY=0`` leaves every call to
 the composite.
 
-May touch: PyTorch's dispatcher registrations (once), the two ops' autograd formulas.
+May touch: nothing (``kernels`` registers ``kernel``, ``backward`` and ``setup``).
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from ..config import env_flag
 from ..lowering.cross_entropy import CROSS_ENTROPY, CROSS_ENTROPY_BACKWARD
 
 ENABLED = env_flag("LAZYXLA_FUSED_CROSS_ENTROPY", True)
+OP, ATEN = "lazyxla::cross_entropy", "cross_entropy_loss"  # the node, and the op it takes over
 _CE = torch.ops.aten.cross_entropy_loss.default
-_INTEGER = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 def _supported(x, target, weight, label_smoothing) -> bool:
@@ -33,35 +33,22 @@ def _supported(x, target, weight, label_smoothing) -> bool:
             and x.device == target.device)
 
 
-def _cross_entropy(x, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
+def kernel(x, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
     if not _supported(x, target, weight, label_smoothing):
         return _CE.decompose(x, target, weight, reduction, ignore_index, label_smoothing)
     loss, _, _ = CROSS_ENTROPY(x, target, int(reduction), ignore_index)
     return loss
 
 
-def _setup(ctx, inputs, output):
+def setup(ctx, inputs, output):
     x, target, reduction, ignore_index = inputs
     _, row_max, row_logsum = output
     ctx.save_for_backward(x, target, row_max, row_logsum)
     ctx.args = (reduction, ignore_index)
 
 
-def _backward(ctx, grad, grad_max, grad_logsum):
+def backward(ctx, grad, grad_max, grad_logsum):
     x, target, row_max, row_logsum = ctx.saved_tensors
     reduction, ignore_index = ctx.args
     dx = CROSS_ENTROPY_BACKWARD(grad.contiguous(), x, target, row_max, row_logsum, reduction, ignore_index)
     return dx, None, None, None
-
-
-_LIBRARIES: list = []
-
-
-def register() -> None:
-    """The cross entropy kernel for the lazy device's autograd key, and the op's gradient (once)."""
-    if _LIBRARIES:
-        return
-    torch.library.register_autograd("lazyxla::cross_entropy", _backward, setup_context=_setup)
-    lib = torch.library.Library("aten", "IMPL")
-    lib.impl("cross_entropy_loss", _cross_entropy, "AutogradPrivateUse1")
-    _LIBRARIES.append(lib)

@@ -31,6 +31,9 @@ FACTORIES = ["arange", "arange.start", "arange.start_step", "full", "zeros", "on
              "linspace", "logspace", "eye", "eye.m", "randperm", "rand", "randn", "randint", "randint.low",
              "empty.memory_format", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
              "_efficientzerotensor"]
+# ops taken over by one lazyxla node forward and one backward: each module's ``ATEN`` op gets its
+# ``kernel`` for the autograd key, and its node ``OP`` the gradient ``backward`` (``setup`` saves)
+ONE_NODE = (attention, cross_entropy)
 RNN_OPS = ("lstm.input", "lstm.data", "gru.input", "gru.data", "rnn_tanh.input", "rnn_tanh.data",
            "rnn_relu.input", "rnn_relu.data")
 
@@ -116,8 +119,9 @@ def register() -> None:
     autograd_lib = torch.library.Library("aten", "IMPL")
     for name in RNN_OPS:
         autograd_lib.impl(name, lowering.DECOMPOSITIONS[_op(name)], "AutogradPrivateUse1")
-    attention.register()
-    cross_entropy.register()
+    for m in ONE_NODE:
+        torch.library.register_autograd(m.OP, m.backward, setup_context=m.setup)
+        autograd_lib.impl(m.ATEN, m.kernel, "AutogradPrivateUse1")
     fallback_lib = torch.library.Library("_", "IMPL")
     fallback_lib.fallback(_pu1_fallback, dispatch_key="PrivateUse1", with_keyset=True)
     _LIBRARIES.extend((lib, autograd_lib, fallback_lib))

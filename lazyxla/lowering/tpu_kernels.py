@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 
 from ..xla import precision
-from ..xla.client import TPU_KERNELS as MODE
 from ..xla.client import tpu_kernels_mode
 
 BLOCK = 128  # the kernels' smallest blocks: a sequence length must be a multiple of it
@@ -50,7 +49,7 @@ def _scope():
     """A kernel's trace: 32-bit JAX (the kernels index in int32; lazyxla runs JAX with 64-bit
     types), and Pallas' interpreter in ``interpret`` mode."""
     with jax.enable_x64(False):
-        if MODE == "interpret":
+        if tpu_kernels_mode() == "interpret":
             from jax.experimental.pallas import tpu as pltpu
             with pltpu.force_tpu_interpret_mode():
                 yield
@@ -91,7 +90,7 @@ def _splash(q, k, v, is_causal, scale):
     blocks = sa.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq, block_kv_dkv=bkv,
                            block_kv_dkv_compute=bkv, block_q_dq=bq, block_kv_dq=bkv)
     kernel = sa.make_splash_mha(sa.MultiHeadMask([one] * H), block_sizes=blocks, head_shards=1, q_seq_shards=1,
-                                interpret=MODE == "interpret")
+                                interpret=tpu_kernels_mode() == "interpret")
     return jax.vmap(kernel)(q * jnp.asarray(scale, q.dtype), k, v)
 
 

@@ -261,8 +261,9 @@ def compile_environment() -> dict:
     ``platform``, ``platform_version``, ``devices``, the code-changing ``XLA_FLAGS``,
     ``XLA_IR_DEBUG``, ``XLA_HLO_DEBUG``, ``LAZYXLA_CHECK_VALUES`` (value checks change the
     program: ``lowering.program``), ``LAZYXLA_PRNG_IMPL`` (the bits random ops draw),
-    ``LAZYXLA_TPU_KERNELS`` (whether Pallas kernels replace lowerings: ``tpu_kernels_mode()``), and the versions ``jax``, ``jaxlib``, ``torch``
-    (with its git revision ``torch_git``) and ``lazyxla``."""
+    ``LAZYXLA_TPU_KERNELS`` (whether Pallas kernels replace lowerings: ``tpu_kernels_mode()``),
+    and the versions ``jax``, ``jaxlib``, ``torch`` (with its git revision ``torch_git``) and
+    ``lazyxla``."""
     dev = jax_device()
     return {
         "platform": dev.platform,

@@ -37,8 +37,8 @@ from .core import _highest, _lowest
 from .attention import attention, attention_backward, attention_backward_lower, attention_lower
 from .layout import (_moved, _permute, _sizes_at, _t, _transpose, _unsqueeze, along, cat, expand, flip, flip_lower,
                      scatter_view, scatter_view_lower, select, select_lower, slice_, slice_lower, squeeze, stack, view)
-from .nn import (cross_entropy, cross_entropy_lower, index, index_lower, isin, layer_norm, layer_norm_backward, layer_norm_backward_lower, nll, nll_lower,
-                 refuse, rows, summed_operand)
+from .nn import (cross_entropy, cross_entropy_lower, index, index_lower, isin, layer_norm, layer_norm_backward,
+                 layer_norm_backward_lower, nll, nll_lower, refuse, rows, summed_operand)
 from .reductions import (_var, _var_lower, contraction, contraction_lower, reduction, softmax_backward_lower,
                          softmax_lower)
 

@@ -157,20 +157,16 @@ def cross_entropy(c):
 
 
 def cross_entropy_lower(inner, vals, sizes, info):
-    # the padding's target is ignore_index (no loss, no count, no gradient); its logits and row
-    # statistics are made finite, so nothing there turns into NaN
+    # the padding's target is ignore_index (no loss, no count, no gradient); the padding's logits,
+    # row statistics and per-row gradient are made 0, so nothing there turns into NaN.
+    # Operands: forward (x, target); backward (grad, x, target, row_max, row_logsum)
     targs, _ = _args(inner)
     backward = "backward" in overload_name(inner.func)
-    first = 1 if backward else 0  # the logits' operand
-    ignore = targs[first + 5 if backward else 3]
+    target, ignore = (2, targs[6]) if backward else (1, targs[3])
     vals = list(vals)
-    kinds = info[0]
-    if _any(kinds[first + 1]):
-        vals[first + 1] = masked(vals[first + 1], kinds[first + 1], sizes, ignore)
-    fills = {first: 0, 0: 0, 3: 0, 4: 0} if backward else {first: 0}
-    for i, f in fills.items():
-        if _any(kinds[i]):
-            vals[i] = masked(vals[i], kinds[i], sizes, f)
+    for i, kinds in enumerate(info[0]):
+        if _any(kinds):
+            vals[i] = masked(vals[i], kinds, sizes, ignore if i == target else 0)
     return lower_call(inner, vals)
 
 
