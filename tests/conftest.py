@@ -1,15 +1,136 @@
 """Shared fixtures. ``nothing_pending``: nothing pending from an earlier test leaks into the
 next one (test files that count compiles use it for every test, with ``pytestmark``).
 ``torch_config_unchanged`` (every test): a test that leaves one of torch's settings changed
-fails there, not in whichever later test meets the setting."""
+fails there, not in whichever later test meets the setting.
+
+On an accelerator (lazyxla's device is not the CPU: a TPU), the session changes what
+``ACCELERATOR`` lists (float32 products at ``'highest'``, children on XLA:CPU, float
+tolerances), and a test marked ``cpu_only(reason)`` is skipped with its reason. A test marked
+``device`` checks what the device computes or holds (values against eager, dtypes, kernels,
+precision, donation): ``pytest -m device`` on a TPU (README, "On a TPU")."""
 import gc
 import sys
 
 import pytest
 
 import lazyxla
+from lazyxla import runtime
 from lazyxla.run.storage import pending
 from lazyhelp import config_changes, torch_config
+
+ON_CPU = runtime.device_type() == "CPU"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cpu_only(reason): the test runs on XLA:CPU only; on an accelerator "
+                                       "it is skipped with the reason")
+    config.addinivalue_line("markers", "device: the test checks what the device computes or holds (values "
+                                       "against eager, dtypes, kernels, precision, donation): the TPU's suite")
+
+
+# The TPU's suite (``pytest -m device``): the files whose tests check what the device computes
+# or holds, each with what it checks there. The rest (hashing, caches, explanations, reports,
+# the CLI, dynamic shapes' planning, distribution, HF integration) is host code, the same on
+# every platform, and runs in CI on XLA:CPU.
+DEVICE_FILES = {
+    "test_core_numerics.py": "elementwise, reductions, products: values against eager",
+    "test_dtypes.py": "every dtype's round trip, promotion and factories",
+    "test_beyond_float32.py": "int64, float64 and complex values",
+    "test_conjugate_views.py": "complex views and FFTs against eager",
+    "test_views.py": "views and in-place updates: values against eager",
+    "test_lowering_nn.py": "nn lowerings (convolutions, norms, pooling, losses) against eager",
+    "test_lowering_linalg.py": "linear algebra against eager",
+    "test_lowering_more_ops.py": "sorts, scans, FFTs, indexing against eager",
+    "test_lowering_special.py": "special functions against eager",
+    "test_core_rng.py": "the device's random numbers: seeds, streams, distributions",
+    "test_random_ops.py": "random ops' distributions",
+    "test_attention.py": "attention as one node: values and gradients against eager",
+    "test_cross_entropy.py": "cross entropy as one node: values and gradients against eager",
+    "test_tpu_kernels.py": "the TPU's Pallas kernels",
+    "test_precision.py": "matmul precision",
+    "test_optimizer_fused.py": "fused optimizer steps against eager",
+    "test_optimizer_stacks.py": "stacked optimizer moments against eager",
+    "test_optimizer_state.py": "optimizer state on the device",
+    "test_param_stacks.py": "parameters as rows of stacks: training against eager",
+    "test_training.py": "small models' training against eager",
+    "test_running_stats.py": "batch norm's running statistics",
+    "test_donation.py": "donated buffers: the device's memory",
+    "test_value_checks.py": "value checks computed on the device",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in DEVICE_FILES:
+            item.add_marker(pytest.mark.device)
+    if ON_CPU:
+        return
+    for item in items:
+        mark = item.get_closest_marker("cpu_only")
+        if mark is not None:
+            reason = mark.kwargs.get("reason") or (mark.args[0] if mark.args else "")
+            if not reason:
+                raise pytest.UsageError(f"{item.nodeid}: cpu_only needs a reason")
+            item.add_marker(pytest.mark.skip(reason=f"runs on XLA:CPU only: {reason}"))
+
+
+# On an accelerator: what the session changes so that tests written against XLA:CPU's float32
+# check the same behaviour there (``on_an_accelerator``). A comparison asked to be exact
+# (``rtol=0, atol=0``) stays exact: a test that needs CPU's bits is marked ``cpu_only``.
+ACCELERATOR = {
+    # float32 products at about float32 (six passes of the TPU's bfloat16 unit); XLA:CPU computes
+    # float32 at every setting
+    "mat_mul_precision": "highest",
+    # a test's second process runs on XLA:CPU: one process holds a TPU ("libtpu lockfile")
+    "child JAX_PLATFORMS": "cpu",
+    # float comparisons with eager at least this loose: the TPU's float32 transcendentals and
+    # summation orders differ from CPU's by more than torch's float32 defaults (1.3e-6, 1e-5).
+    # Measured on a v5e at 'highest' (2026-12-06): attention's float32 gradients up to 9.3e-5
+    # apart (1.2e-3 relative), a tanh of a product's gradient 2.2e-4 (2.5e-3 relative, where
+    # 1 - tanh^2 cancels), attention over padded lengths 3.9e-4
+    "rtol": 2e-3,
+    "atol": 5e-4,
+}
+
+
+def _loosened(assert_close):
+    def on_an_accelerator(actual, expected, *args, rtol=None, atol=None, **kw):
+        if (rtol, atol) != (0, 0):
+            rtol, atol = max(rtol or 0.0, ACCELERATOR["rtol"]), max(atol or 0.0, ACCELERATOR["atol"])
+        return assert_close(actual, expected, *args, rtol=rtol, atol=atol, **kw)
+    return on_an_accelerator
+
+
+def _approx_loosened(approx):
+    def on_an_accelerator(expected, rel=None, abs=None, nan_ok=False):  # noqa: A002 (pytest's names)
+        if (rel, abs) != (0, 0):
+            rel = max(rel or 1e-6, ACCELERATOR["rtol"])
+        return approx(expected, rel=rel, abs=abs, nan_ok=nan_ok)
+    return on_an_accelerator
+
+
+@pytest.fixture(autouse=True, scope="session")
+def on_an_accelerator():
+    """On an accelerator, for the whole session: ``ACCELERATOR``'s precision, children's
+    platform and float tolerances. On XLA:CPU nothing changes."""
+    if ON_CPU:
+        yield
+        return
+    import os
+    import torch
+    from lazyxla import backends
+    was = backends.get_mat_mul_precision(), os.environ.get("JAX_PLATFORMS"), torch.testing.assert_close, pytest.approx
+    backends.set_mat_mul_precision(ACCELERATOR["mat_mul_precision"])
+    os.environ["JAX_PLATFORMS"] = ACCELERATOR["child JAX_PLATFORMS"]  # this process's JAX has its platform already
+    torch.testing.assert_close = _loosened(was[2])
+    pytest.approx = _approx_loosened(was[3])
+    yield
+    backends.set_mat_mul_precision(was[0])
+    if was[1] is None:
+        os.environ.pop("JAX_PLATFORMS", None)
+    else:
+        os.environ["JAX_PLATFORMS"] = was[1]
+    torch.testing.assert_close, pytest.approx = was[2], was[3]
 
 
 @pytest.fixture

@@ -159,6 +159,8 @@ _RNG_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.cpu_only("compares this process's numbers with a second process's, which runs on XLA:CPU "
+                      "while this one holds the TPU")
 def test_same_seed_same_numbers_across_processes():
     procs = [subprocess.Popen([sys.executable, "-c", _RNG_SCRIPT], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,

@@ -22,6 +22,10 @@ FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 INTS = [torch.int64, torch.int32, torch.int8, torch.uint8]
 ALL = FLOATS + INTS + [torch.bool]
 NAMES = {d: str(d).split(".")[1] for d in ALL}
+# every dtype, its bits compared exactly: float64 only where the device keeps all 53 bits
+EXACT = [pytest.param(d, id=NAMES[d], marks=pytest.mark.cpu_only(
+    "a TPU keeps float64 as two float32s (about 48 bits of mantissa, not 53)") if d is torch.float64 else ())
+    for d in ALL]
 
 
 def _compare(got, want, exact, label=""):
@@ -81,7 +85,7 @@ SPECIAL = {
 }
 
 
-@pytest.mark.parametrize("dt", ALL, ids=NAMES.get)
+@pytest.mark.parametrize("dt", EXACT)
 def test_round_trip_keeps_dtype_and_bits(dt):
     t = torch.tensor(SPECIAL[dt], dtype=dt)
     d = t.to(DEV)
@@ -93,7 +97,7 @@ def test_round_trip_keeps_dtype_and_bits(dt):
     assert d.tolist() == t.tolist() or dt in FLOATS  # nan != nan in lists
 
 
-@pytest.mark.parametrize("dt", ALL, ids=NAMES.get)
+@pytest.mark.parametrize("dt", EXACT)
 def test_factories_and_scalar_items(dt):
     chk = Batch()
     z = torch.zeros(3, dtype=dt, device=DEV)
