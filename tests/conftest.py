@@ -19,6 +19,7 @@ from lazyxla.run.storage import pending
 from lazyhelp import config_changes, torch_config
 
 ON_CPU = runtime.device_type() == "CPU"
+pytest_plugins = ["pytester"]  # tests/test_accelerator_policy.py collects small test files of its own
 
 
 def pytest_configure(config):
