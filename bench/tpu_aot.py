@@ -100,6 +100,8 @@ def main():
 
     if args.kernels:  # what LAZYXLA_TPU_KERNELS=on does on a TPU
         tpu_kernels._active = lambda: True
+    from lazyxla.lowering import program
+    program.platform = lambda: "tpu"  # what lowering does for a TPU (lowering.rolled.STACK_BUFFERS)
 
     def for_the_tpu(graph, key_hex, name, donors=(), wrap_allowed=True):
         fn, specs, _, ws, _ = compile_mod._function(graph, f"{name}_{key_hex[:12]}")

@@ -94,6 +94,32 @@ def test_loop_of_alike_layers_rolls_and_trains_as_eager(roll_small):
     assert sum(r.startswith("rolled at") for r in rolling.last_report) == 2
 
 
+def test_on_a_tpu_the_stacks_start_uninitialized_in_the_program_and_it_takes_no_workspace(roll_small, monkeypatch):
+    """``lowering.rolled.STACK_BUFFERS``: a TPU's (and a GPU's) loops write their stacked outputs
+    into ``jax.lax.empty`` buffers (XLA's AllocateBuffer there; zeros on this CPU), so the program
+    holds nothing between steps; here the TPU's rule, lowered for the CPU, trains as eager."""
+    from lazyxla.compiler.compile import WorkspaceCall
+    from lazyxla.lowering import program
+    monkeypatch.setattr(program, "platform", lambda: "tpu")
+    torch.manual_seed(0)
+    ref, lazy = Net(6), Net(6)
+    lazy.load_state_dict(ref.state_dict())
+    x = torch.randn(4, 8)
+    met.clear_counters()
+    lazy.to(lazyxla.device())
+    got = _train(lazy, x, 3, lazyxla.device())
+    assert got == pytest.approx(_train(ref, x, 3), rel=1e-5, abs=1e-6)
+    assert met.counter_value("RolledLoops") == 2 and met.counter_value("UncachedCompile") == 1
+    programs = [p.executable for p in computation_cache().values()]
+    assert len(programs) == 1
+    assert type(programs[0]) is not WorkspaceCall or not programs[0].specs  # no workspace argument
+    monkeypatch.setattr(program, "platform", lambda: "cpu")
+    computation_cache().clear()
+    _train(lazy, x, 1, lazyxla.device())  # the CPU's rule: the same program with a workspace
+    programs = [p.executable for p in computation_cache().values()]
+    assert type(programs[0]) is WorkspaceCall and len(programs[0].specs) > 0
+
+
 def test_a_rolled_programs_text_compiles_nothing_and_counts_nothing(roll_small):
     torch.manual_seed(0)
     dev = lazyxla.device()

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..config import env_flag
 from ..ir.node import Node, Slot
-from ..xla.client import jnp_dtype
+from ..xla.client import jax_device, jnp_dtype
 from .registry import ZERO_D_AS_VECTOR
 
 
@@ -192,6 +192,11 @@ class _Trace:
 
 
 _trace = None  # the outermost program being traced, or None
+
+
+def platform() -> str:
+    """The platform programs are lowered for: JAX's device's (``"cpu"``, ``"tpu"``, ``"gpu"``)."""
+    return jax_device().platform
 
 
 def take_workspace(k):

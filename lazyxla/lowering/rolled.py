@@ -1,7 +1,8 @@
 """A rolled loop (``rolling.Loop``) as one XLA loop: its template lowered once, as the body.
 
 The carry is every output of the carry node, kept at PyTorch's dtypes; the loop is a
-``fori_loop`` writing each iteration's outputs into buffers (``_run``). The loop's inputs are
+``fori_loop`` writing each iteration's outputs into buffers (``_run``), which start as
+``STACK_BUFFERS`` says for the platform. The loop's inputs are
 its shared values (closed over) and its per-iteration values, stacked (a stack another loop
 produced is taken whole, reversed when its rows are read last first). Each role whose value is
 used outside is a stacked output; the copies' values are its rows, sliced when read
@@ -17,6 +18,27 @@ import jax.numpy as jnp
 
 from ..xla.client import jnp_dtype
 from . import program
+
+
+# platform -> where a loop's stacked outputs are written: every row is written before any is
+# read, so a buffer's first contents are never seen
+STACK_BUFFERS = {
+    # the program's workspace: arguments kept from the run before and donated back (a 48 MB
+    # example: 7.8 ms, against 11.4 for fills of distinct values and 15.5 for scan's shared fill)
+    "cpu": "workspace",
+    # XLA's uninitialized buffers (``jax.lax.empty``: the AllocateBuffer custom call): no fill,
+    # and the layout is XLA's choice. A workspace there held the stacks between steps (GPT-2
+    # 124M rolled, 8 x 1024: 5.5 GB) and an argument's fixed layout made XLA copy two of them
+    # into the loop's layout and out again (bf16[12,3072,8192]: 7.75M cycles each, estimated)
+    "tpu": "empty",
+    "gpu": "empty",
+}
+
+
+def stack_buffers(platform: str) -> str:
+    """How a rolled loop's stacked outputs start on ``platform`` (``STACK_BUFFERS``; a platform
+    not in it: a fill, which every backend has)."""
+    return STACK_BUFFERS.get(platform, "fill")
 
 
 class _Rows:
@@ -57,15 +79,18 @@ def _run(body, carry0, xs, n, reverse, n_ws):
     evaluates). Returns ``ys`` stacked and each check's (any flag, value at the first iteration
     that failed), kept in the loop's state. The first ``n_ws`` stacks are written into the
     program's workspace (its last arguments, kept from the run before: ``WorkspaceCall``), so
-    nothing fills them first; any other starts as a fill of distinct values (scan's one shared
-    fill of zeros per shape was copied into each buffer). A 48 MB example: scan 15.5 ms,
-    distinct fills 11.4 (14.3 in another run), workspace 7.8."""
+    nothing fills them first; any other starts as ``STACK_BUFFERS`` says: uninitialized, or a
+    fill of distinct values (scan's one shared fill of zeros per shape was copied into each
+    buffer)."""
     x0 = tuple(jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in xs)
     c0 = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in carry0)
     traced, (_, ys, (flags, _)) = jax.make_jaxpr(body, return_shape=True)(c0, x0)
     given = program.take_workspace(n_ws)
-    bufs = tuple(given) + tuple(jnp.full((n,) + tuple(o.shape), k + 1, o.dtype)
-                                for k, o in enumerate(ys[len(given):]))
+    if stack_buffers(program.platform()) == "empty":
+        rest = tuple(jax.lax.empty((n,) + tuple(o.shape), o.dtype) for o in ys[len(given):])
+    else:
+        rest = tuple(jnp.full((n,) + tuple(o.shape), k + 1, o.dtype) for k, o in enumerate(ys[len(given):]))
+    bufs = tuple(given) + rest
     nc, ny, nk = len(carry0), len(ys), len(flags)
     bad0 = (tuple(jnp.zeros((), jnp.bool_) for _ in range(nk)), tuple(jnp.zeros((), jnp.int64) for _ in range(nk)))
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import jax
 
 from ..xla.client import jnp_dtype
-from ..lowering.rolled import lower_loop
+from ..lowering import program
+from ..lowering.rolled import lower_loop, stack_buffers
 
 
 class Loop:
@@ -35,7 +36,10 @@ class Loop:
     data = None  # never a device-data leaf (build_program's filter asks)
 
     def workspace(self):
-        """The abstract values of the buffers its stacked outputs are written into."""
+        """The abstract values of the buffers its stacked outputs are written into, where the
+        platform keeps them in the program's workspace (``lowering.rolled.STACK_BUFFERS``)."""
+        if stack_buffers(program.platform()) != "workspace":
+            return []
         n = len(self.iters)
         return [jax.ShapeDtypeStruct((n,) + tuple(m.shape), jnp_dtype(m.dtype))
                 for m in (self.roles[j].sig.outs[i] for j, i in self.outputs)]
