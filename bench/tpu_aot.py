@@ -48,9 +48,29 @@ def _part(text):
     return "other"
 
 
+def _trips(condition) -> int:
+    """A counted loop's trip count: the constant its condition compares the counter with
+    (``fori_loop(0, n, ...)``)."""
+    found = [int(c) for line in condition for c in re.findall(r"[su]32\[\](?:\{[^}]*\})? constant\((\d+)\)", line)]
+    return max(found) if found else 1
+
+
+def _cycles(comps, name) -> int:
+    """A computation's estimated cycles: its instructions', a loop inside it counted per trip."""
+    total = 0
+    for line in comps.get(name, []):
+        loop = re.search(r"condition=%([\w.\-]+), body=%([\w.\-]+)", line)
+        if loop is not None and " while(" in line:
+            total += _trips(comps[loop[1]]) * _cycles(comps, loop[2])
+        else:
+            m = re.search(r"\"estimated_cycles\":\"(\d+)\"", line)
+            total += int(m[1]) if m else 0
+    return total
+
+
 def estimates(after: str) -> dict:
-    """Sum of ``estimated_cycles`` of the entry computation's instructions, by part, and the top
-    instructions."""
+    """Sum of ``estimated_cycles`` of the entry computation's instructions, by part (a rolled
+    loop: its body's instructions times its trips), and the top instructions."""
     comps, cur = {}, None
     for line in after.splitlines():
         if line and not line.startswith((" ", '"', "}")) and line.rstrip().endswith("{"):
@@ -61,6 +81,12 @@ def estimates(after: str) -> dict:
     entry = next(k for k in comps if "ENTRY %" + k in after)
     parts, top = collections.Counter(), []
     for line in comps[entry]:
+        loop = re.search(r"condition=%([\w.\-]+), body=%([\w.\-]+)", line)
+        if loop is not None and " while(" in line:  # a rolled loop: its body's cycles times its trips
+            cycles = _trips(comps[loop[1]]) * _cycles(comps, loop[2])
+            parts["rolled loops (body x trips)"] += cycles
+            top.append((cycles, line.split("=")[0].strip().lstrip("%"), "rolled loop"))
+            continue
         m = re.match(r"\s*(?:ROOT )?%(\S+) = .*?\"estimated_cycles\":\"(\d+)\"", line)
         if not m:
             continue
