@@ -16,7 +16,7 @@ then 180M for 79.1 ms), well enough to see a fusion that recomputes or a copy th
 be there. Pallas kernels' time is not estimated. Compare two trees, or two settings, then
 measure the better one with ``bench/tpu.py`` on the chip.
 
-Usage: python bench/tpu_aot.py OUT [--replay] [--kernels] [--layers 12] [--model gpt2|llama]
+Usage: python bench/tpu_aot.py OUT [--replay] [--kernels] [--layers 12] [--model gpt2|llama] [--xla-option NAME=VALUE]
 Needs libtpu and transformers; runs on a CPU (2 cores: GPT-2 124M compiles in 1.5-2.5 min).
 """
 from __future__ import annotations
@@ -110,6 +110,8 @@ def main():
     ap.add_argument("--replay", action="store_true", help="the step captured for replay (as bench/tpu.py's replay)")
     ap.add_argument("--kernels", action="store_true", help="the TPU's Pallas kernels in place of their lowerings")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--xla-option", action="append", default=[], metavar="NAME=VALUE",
+                    help="an XLA option for this compile (compiler_options), e.g. xla_allow_excess_precision=false")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -136,7 +138,7 @@ def main():
         with tupled_parameters(wrap_allowed and len(specs) >= compile_mod.WRAP_THRESHOLD), precision.scope():
             donate = tuple(donors) + tuple(range(len(graph.params), len(graph.params) + len(ws)))
             lowered = jax.jit(fn, donate_argnums=donate).trace(*specs).lower(lowering_platforms=("tpu",))
-            compiled = lowered.compile()
+            compiled = lowered.compile(dict(o.split("=", 1) for o in args.xla_option) or None)
         seconds = time.perf_counter() - t0
         after = compiled.as_text()
         with open(os.path.join(args.out, "before.txt"), "w") as f:
