@@ -48,6 +48,14 @@ def _part(text):
     return "other"
 
 
+def xla_options(pairs) -> dict:
+    """``NAME=VALUE`` pairs as XLA's compile options take them: true/false as bools, whole
+    numbers as ints, the rest as text."""
+    def value(v):
+        return {"true": True, "false": False}.get(v.lower(), int(v) if v.lstrip("-").isdigit() else v)
+    return {name: value(v) for name, v in (p.split("=", 1) for p in pairs)}
+
+
 def _trips(condition) -> int:
     """A counted loop's trip count: the constant its condition compares the counter with
     (``fori_loop(0, n, ...)``)."""
@@ -138,7 +146,7 @@ def main():
         with tupled_parameters(wrap_allowed and len(specs) >= compile_mod.WRAP_THRESHOLD), precision.scope():
             donate = tuple(donors) + tuple(range(len(graph.params), len(graph.params) + len(ws)))
             lowered = jax.jit(fn, donate_argnums=donate).trace(*specs).lower(lowering_platforms=("tpu",))
-            compiled = lowered.compile(dict(o.split("=", 1) for o in args.xla_option) or None)
+            compiled = lowered.compile(xla_options(args.xla_option) or None)
         seconds = time.perf_counter() - t0
         after = compiled.as_text()
         with open(os.path.join(args.out, "before.txt"), "w") as f:
