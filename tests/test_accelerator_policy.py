@@ -48,6 +48,9 @@ def test_cpu_only_skips_with_its_reason_on_an_accelerator_and_needs_one(pytester
     """)
     with pytest.raises(pytest.UsageError, match="cpu_only needs a reason"):
         conftest.pytest_collection_modifyitems(None, items)
+    monkeypatch.setattr(conftest, "ON_CPU", True)
+    with pytest.raises(pytest.UsageError, match="cpu_only needs a reason"):  # on the CPU too
+        conftest.pytest_collection_modifyitems(None, items)
 
 
 def test_on_the_cpu_nothing_is_skipped_and_the_device_files_are_marked(pytester):

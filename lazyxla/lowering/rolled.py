@@ -86,11 +86,9 @@ def _run(body, carry0, xs, n, reverse, n_ws):
     c0 = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in carry0)
     traced, (_, ys, (flags, _)) = jax.make_jaxpr(body, return_shape=True)(c0, x0)
     given = program.take_workspace(n_ws)
-    if stack_buffers(program.platform()) == "empty":
-        rest = tuple(jax.lax.empty((n,) + tuple(o.shape), o.dtype) for o in ys[len(given):])
-    else:
-        rest = tuple(jnp.full((n,) + tuple(o.shape), k + 1, o.dtype) for k, o in enumerate(ys[len(given):]))
-    bufs = tuple(given) + rest
+    empty = stack_buffers(program.platform()) == "empty"
+    bufs = tuple(given) + tuple(jax.lax.empty((n,) + o.shape, o.dtype) if empty else
+                                jnp.full((n,) + o.shape, k + 1, o.dtype) for k, o in enumerate(ys[len(given):]))
     nc, ny, nk = len(carry0), len(ys), len(flags)
     bad0 = (tuple(jnp.zeros((), jnp.bool_) for _ in range(nk)), tuple(jnp.zeros((), jnp.int64) for _ in range(nk)))
 
