@@ -7,7 +7,7 @@ On an accelerator (lazyxla's device is not the CPU: a TPU), the session changes 
 ``ACCELERATOR`` lists (float32 products at ``'highest'``, children on XLA:CPU, float
 tolerances), and a test marked ``cpu_only(reason)`` is skipped with its reason. A test marked
 ``device`` checks what the device computes or holds (values against eager, dtypes, kernels,
-precision, donation): ``pytest -m device`` on a TPU (README, "On a TPU")."""
+precision, donation): ``pytest -m device`` on a TPU (docs/guide/tpu.md, "The tests on a TPU")."""
 import gc
 import sys
 

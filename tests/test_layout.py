@@ -111,14 +111,18 @@ def test_a_changed_jax_internal_is_an_error_naming_the_module(monkeypatch):
         kept_arguments(object(), 3)
 
 
-def test_every_lazyxla_name_the_readme_and_the_design_name_still_resolves():
+def test_every_lazyxla_name_the_readme_and_the_manual_name_still_resolves():
     """The public face did not move with the modules: each dotted ``lazyxla.*`` name the README
-    and docs/design.md write (``lazyxla.debug.metrics``, ``lazyxla.hf.generate``,
-    ``lazyxla.data.DeviceLoader``, ``lazyxla.distributed.spmd.mark_sharding``, ...) imports, and
-    so does every name of ``lazyxla.__all__``."""
+    and the manual's pages (docs/**/*.md, docs/design.md among them) write (``lazyxla.debug.metrics``,
+    ``lazyxla.hf.generate``, ``lazyxla.data.DeviceLoader``, ``lazyxla.distributed.spmd.mark_sharding``,
+    ...) imports, and so does every name of ``lazyxla.__all__``."""
+    import glob
     import importlib
     import re
-    text = "".join(open(os.path.join(CHECKOUT, f)).read() for f in ("README.md", os.path.join("docs", "design.md")))
+    pages = [os.path.join(CHECKOUT, "README.md"),
+             *sorted(glob.glob(os.path.join(CHECKOUT, "docs", "**", "*.md"), recursive=True))]
+    assert os.path.join(CHECKOUT, "docs", "design.md") in pages
+    text = "".join(open(p, encoding="utf-8").read() for p in pages)
     names = set(re.findall(r"(?<![\w.])lazyxla(?:\.[A-Za-z_]\w*)+", text))
     names |= {f"lazyxla.{n}" for n in lazyxla.__all__}
     assert len(names) > 40
