@@ -19,7 +19,12 @@ seen beside what it does to the step.
 
 ``--roll`` runs each depth unrolled and rolled (``lazyxla.rolling``: the repeated layers as loops).
 
-Usage: python bench/compile_depth.py [--depths 2,8,32] [--flags ";--xla_backend_optimization_level=0"] [--roll]
+``--repeats N`` runs the whole sweep N times, one round after the other (so a slow minute of a
+shared machine falls on every depth alike), prints every run, then the median compile seconds
+per depth and variant and the deepest depth's median over the shallowest's: the ratio issue 51
+bounds (depth 32 <= 2x depth 2).
+
+Usage: python bench/compile_depth.py [--depths 2,8,32] [--flags ";--xla_backend_optimization_level=0"] [--roll] [--repeats 5]
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -129,6 +135,7 @@ def main():
     p.add_argument("--roll", action="store_true",
                    help="each depth unrolled and with its repeated layers rolled (LAZYXLA_ROLL_LAYERS=0 / 1, "
                         "LAZYXLA_ROLL_MIN=4)")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of the whole sweep; medians and the depth ratio after")
     a = p.parse_args()
     if a.job:
         return job(a.job, a.model, a.size)
@@ -137,7 +144,9 @@ def main():
     print(f"{'depth':>5} {'compiles':>8} {'compile s':>9} {'roll s':>6} {'trace s':>8} {'MLIR s':>7} {'XLA s':>7} "
           f"{'passes s':>8} {'codegen s':>9} {'kernel s':>8} {'largest/all':>11} {'warm ms':>8}" + ("  XLA_FLAGS" if a.flags is not None else "")
           + ("  rolled" if a.roll else ""))
-    for depth in (int(d) for d in a.depths.split(",")):
+    depths = [int(d) for d in a.depths.split(",")]
+    runs = {}  # (flags, roll) -> depth -> [compile s, ...]
+    for depth in (d for _ in range(a.repeats) for d in depths):
         for flags, roll in ((f, r) for f in variants for r in rolls):
             env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="cpu_compiler=1,ir_compiler=2")
             if flags is not None:
@@ -148,10 +157,19 @@ def main():
                                check=True, env=env)
             g = json.loads(r.stdout.strip().splitlines()[-1])
             passes, codegen = xla_split(r.stderr)
+            runs.setdefault((flags, roll), {}).setdefault(depth, []).append(g["total"])
             print(f"{depth:>5} {g['compiles']:>8} {g['total']:>9.2f} {g['roll']:>6.2f} {g['trace']:>8.2f} {g['lower']:>7.2f} "
                   f"{g['backend']:>7.2f} {passes:>8.2f} {codegen:>9.2f} {longest_kernel(r.stderr):>8.2f} {g['largest'] / g['total'] if g['total'] else 0:>11.2f} "
                   f"{g['warm_ms']:>8.1f}" + (f"  {flags or '(defaults)'}" if flags is not None else "")
                   + (f"  {'yes' if roll == '1' else 'no'}" if roll is not None else ""))
+    if a.repeats > 1:
+        print(f"\nmedians of {a.repeats} runs (compile s):")
+        for (flags, roll), by_depth in runs.items():
+            med = {d: statistics.median(v) for d, v in by_depth.items()}
+            label = ((f"XLA_FLAGS {flags or '(defaults)'} " if flags is not None else "")
+                     + ({"0": "unrolled", "1": "rolled"}.get(roll, "")))
+            print(f"  {label or 'defaults':<24} " + "  ".join(f"depth {d}: {med[d]:.2f}" for d in depths)
+                  + f"  depth {depths[-1]} / depth {depths[0]}: {med[depths[-1]] / med[depths[0]]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.usefixtures("nothing_pending")
 def small_groups_stack(monkeypatch):
     """Four alike layers: their roles are stacked as a deep model's are."""
     monkeypatch.setattr(roll_settings, "MIN_ITERATIONS", 4)
+    monkeypatch.setattr(roll_settings, "WORK", "0")
     monkeypatch.setattr(roll_settings, "ENABLED", True)
 
 

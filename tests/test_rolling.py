@@ -18,6 +18,7 @@ pytestmark = pytest.mark.usefixtures("nothing_pending")
 @pytest.fixture
 def roll_small(monkeypatch):
     monkeypatch.setattr(roll_settings, "MIN_ITERATIONS", 4)
+    monkeypatch.setattr(roll_settings, "WORK", "0")  # tiny layers: rolled though their loops cost more than they save
     monkeypatch.setattr(roll_settings, "ENABLED", True)
     computation_cache().clear()
     yield
@@ -238,6 +239,48 @@ def test_a_shallow_model_is_not_rolled_when_asked(monkeypatch):
     assert met.counter_value("RolledLoops") is None
 
 
+def test_layers_roll_only_where_an_iteration_does_more_work_than_its_loop_costs(monkeypatch):
+    """On XLA:CPU a loop's iteration costs ~13 us besides its body (``rolling.work``): layers
+    whose iterations do less than the platform's floor (``LAZYXLA_ROLL_MIN_WORK``) stay
+    unrolled and the compile says why; wider layers, or any with the floor at 0, roll."""
+    from lazyxla.rolling import find
+    monkeypatch.setattr(roll_settings, "MIN_ITERATIONS", 4)
+    monkeypatch.setattr(roll_settings, "ENABLED", True)
+    monkeypatch.setattr(find, "platform", lambda: "cpu")  # the CPU's floor on any device
+    dev = lazyxla.device()
+
+    def loops(width, rows):
+        computation_cache().clear()
+        torch.manual_seed(0)
+        model = Net(5, w=width).to(dev)
+        met.clear_counters()
+        _train(model, torch.randn(rows, 8), 1, dev)
+        return met.counter_value("RolledLoops") or 0, list(rolling.last_report)
+
+    n, report = loops(16, 4)  # ~16k operations an iteration
+    assert n == 0
+    assert any("operations each, fewer than the 4,000,000 a loop's iteration must do to pay for itself on cpu "
+               "(LAZYXLA_ROLL_MIN_WORK)" in r for r in report), report
+    assert loops(64, 128)[0] == 2  # ~8.5M forward: the forward and backward passes roll
+    monkeypatch.setattr(roll_settings, "WORK", "0")
+    assert loops(16, 4)[0] == 2
+    monkeypatch.setattr(roll_settings, "WORK", "lots")
+    with pytest.raises(ValueError, match="LAZYXLA_ROLL_MIN_WORK='lots': a number of operations"):
+        roll_settings.min_work("cpu")
+
+
+def test_an_iterations_work_counts_a_product_as_2mnk_and_other_ops_once_per_element():
+    from lazyxla.ir.node import post_order
+    from lazyxla.rolling.work import flops
+    dev = lazyxla.device()
+    a, b = torch.randn(16, 64).to(dev), torch.randn(64, 32).to(dev)
+    c = torch.relu(a @ b)
+    nodes = [n for n in post_order([c._state.storage.ir]) if n.data is None]
+    assert sorted(n.sig.op for n in nodes) == ["aten::mm", "aten::relu"]
+    assert flops(nodes) == 2 * 16 * 64 * 32 + 16 * 32
+    lazyxla.sync()
+
+
 def _train_hf(build, roll, monkeypatch, steps):
     """Losses of ``steps`` AdamW steps of the HF model ``build()`` makes, rolled or not, the
     iterations rolled and the last compile's rolling report."""
@@ -325,7 +368,7 @@ def test_a_rolled_program_is_kept_by_the_persistent_cache(tmp_path, opt):
               "print(json.dumps([losses, met.counter_value('RolledLoops') or 0,"
               " met.counter_value('PersistentCacheHit') or 0, met.counter_value('ParamsStacked') or 0, t]))\n")
     env = dict(XLA_PERSISTENT_CACHE_PATH=str(tmp_path / "cache"), LAZYXLA_ROLL_LAYERS="1", LAZYXLA_ROLL_MIN="4",
-               LAZYXLA_CACHE_HMAC_KEY_FILE=str(tmp_path / "key"))
+               LAZYXLA_ROLL_MIN_WORK="0", LAZYXLA_CACHE_HMAC_KEY_FILE=str(tmp_path / "key"))
     (l1, rolled1, hit1, stacked1, t1), (l2, rolled2, hit2, _, _) = json_runs(script, times=2, **env)
     unrolled, = json_runs(script, LAZYXLA_ROLL_LAYERS="0")
     assert (stacked1 > 0) == opt.startswith("AdamW")  # each layer's weights, biases, norms: rows of stacks

@@ -18,7 +18,7 @@ How a loop is found (every step checks; any doubt leaves the graph as it is):
 | cut | the roles at which the loop could be cut instead, as few values crossing from one iteration to the next as now or fewer, fewest first (``_cuts``, counted on two copies of the template; a leaf-only op crosses nothing); up to ``_CANDIDATES`` are built and the loop with the most iterations, then the fewest carries, is taken: a layer's boundary, where only the hidden state crosses (a cut inside a layer where one value crosses too leaves half a layer unrolled at each end). |
 | inputs | a value outside the loop that an iteration reads: the same node in every iteration is one input; other nodes, one row each of a stacked input (a layer's weights; a weight that is a row of a stack, ``select`` of device data (``param_stacks``), stays outside the body, so the rows are one strided slice of that stack; an earlier loop's rows are taken as that loop's stacked output, and a loop that reads them last row first runs from its last row). |
 | outputs | a role whose value is used outside the loop (by later nodes or as a root) is stacked; the rows replace the copies' values. |
-| worth it | at least ``MIN_ITERATIONS`` iterations (``LAZYXLA_ROLL_MIN``), a template with ``MIN_BODY`` ops or more. |
+| worth it | at least ``MIN_ITERATIONS`` iterations (``LAZYXLA_ROLL_MIN``), a template with ``MIN_BODY`` ops or more, and an iteration's estimated work (``work``) at least the platform's floor (``settings.MIN_WORK``, ``LAZYXLA_ROLL_MIN_WORK``): a loop costs something per iteration besides its body (~13 us on XLA:CPU), which a body of a few thousand multiply-adds does not pay back. |
 
 After a loop is taken, its nodes are out of the search and the next loop is looked for (a
 training step's forward pass, then its backward pass). ``LAZYXLA_ROLL_LAYERS=0`` turns it off.
@@ -26,7 +26,7 @@ training step's forward pass, then its backward pass). ``LAZYXLA_ROLL_LAYERS=0``
 May touch: nothing; reads the IR, counts ``RolledLoops`` and ``RolledIterations``.
 
 Modules: ``order`` (the entry: ``roll``, which finds the loops and orders them with the rest), ``find`` (the steps above: carries, template, cut,
-inputs and outputs), ``iterations`` (one iteration's nodes, role by role), ``loop`` (``Loop``:
+inputs and outputs), ``iterations`` (one iteration's nodes, role by role), ``work`` (an iteration's estimated operations), ``loop`` (``Loop``:
 what lowering receives; ``lowering.rolled`` lowers it as one ``lax.scan``), ``settings`` (the
 knobs, read at every roll).
 

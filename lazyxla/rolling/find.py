@@ -11,8 +11,9 @@ from torch._ops import OpOverload
 
 from ..ir.user_line import fmt_where
 from ..lowering import is_view
-from ..lowering.program import selects_data
+from ..lowering.program import platform, selects_data
 from . import settings
+from .work import flops
 from .iterations import carry_fits, extend, prepend
 from .loop import Loop
 
@@ -125,6 +126,12 @@ def find_loop(g, taken):
             other, _ = _build(g, anchors, f2, taken)
             if other is not None and other.score() > cand.score():
                 cand = other
+        work, floor = flops(post[i] for i in cand.template), settings.min_work(platform())
+        if work < floor:  # the loop would cost more per iteration than its body does (``work``)
+            last_report.append(f"not rolled at {fmt_where(cand.where)}: {len(cand.iters)} iterations of "
+                               f"~{work:,} operations each, fewer than the {floor:,} a loop's iteration must "
+                               f"do to pay for itself on {platform()} (LAZYXLA_ROLL_MIN_WORK)")
+            return None
         loop, text = _finish(g, cand)
         last_report.append(text)
         return loop
