@@ -29,7 +29,7 @@ import sys
 
 PREFIX = "torch_xla"
 HOME = __name__ + ".torch_xla"   # lazyxla.compat.torch_xla
-README = "see 'Running torch_xla scripts' in lazyxla's README for what is offered"
+README = "see the manual's 'Porting from torch_xla' (docs/guide/porting.md, 'Every name') for what is offered"
 
 
 class NotOffered(NotImplementedError, AttributeError):

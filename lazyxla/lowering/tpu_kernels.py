@@ -7,7 +7,7 @@ lowerings elsewhere), ``off``, ``interpret`` (the kernels on any platform, run b
 interpreter: what the tests on a CPU use). What a process does is part of the compile
 environment when kernels replace lowerings (``on`` on a TPU, ``interpret``).
 
-Measured on a v5e (``bench/tpu_attention.py``, ``bench/tpu.py``, README's TPU section): the
+Measured on a v5e (``bench/tpu_attention.py``, ``bench/tpu.py``, docs/guide/tpu.md): the
 splash kernel computes GPT-2's causal attention (8 x 12 x 1024 x 64, bf16, forward and
 backward) in 1.83 ms against the XLA lowering's 2.61, JAX's flash kernel in 2.78 at its best
 blocks (7.94 at its default 128 x 128); GPT-2 124M's replayed step 74.8 ms against 79.1.
@@ -36,7 +36,7 @@ RULES = {
 
 # the attention kernel's blocks (query rows x key columns, forward and both backward kernels),
 # the largest that divide the lengths: measured by bench/tpu_attention.py on a v5e (GPT-2's
-# 8 x 12 x 1024 x 64, bf16, causal, forward and backward): see the README's TPU section
+# 8 x 12 x 1024 x 64, bf16, causal, forward and backward): see docs/guide/tpu.md
 ATTENTION_BLOCKS = (512, 512)
 
 
