@@ -82,10 +82,8 @@ def _heavy_first(items):
     count = {}
     for item in items:
         count[item.path.name] = count.get(item.path.name, 0) + 1
-    pos = {}
-    for k, item in enumerate(items):
-        pos.setdefault(item.path.name, k)
-    items.sort(key=lambda it: (rank.get(it.path.name, len(rank)), -count[it.path.name], pos[it.path.name]))
+    # a stable sort: a file's tests stay together and in their order, ties keep collection order
+    items.sort(key=lambda it: (rank.get(it.path.name, len(rank)), -count[it.path.name]))
 
 
 def pytest_collection_modifyitems(config, items):

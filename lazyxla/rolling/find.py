@@ -126,11 +126,13 @@ def find_loop(g, taken):
             other, _ = _build(g, anchors, f2, taken)
             if other is not None and other.score() > cand.score():
                 cand = other
-        work, floor = flops(post[i] for i in cand.template), settings.min_work(platform())
+        on = platform()
+        floor = settings.min_work(on)
+        work = flops(post[i] for i in cand.template) if floor else 0
         if work < floor:  # the loop would cost more per iteration than its body does (``work``)
             last_report.append(f"not rolled at {fmt_where(cand.where)}: {len(cand.iters)} iterations of "
                                f"~{work:,} operations each, fewer than the {floor:,} a loop's iteration must "
-                               f"do to pay for itself on {platform()} (LAZYXLA_ROLL_MIN_WORK)")
+                               f"do to pay for itself on {on} (LAZYXLA_ROLL_MIN_WORK)")
             return None
         loop, text = _finish(g, cand)
         last_report.append(text)
