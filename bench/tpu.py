@@ -18,7 +18,9 @@ A variant named with ``+kernels`` (``replay+kernels``) runs with ``LAZYXLA_TPU_K
 a user gets by default): the TPU's Pallas kernels (``lazyxla.lowering.tpu_kernels``) in place of
 the XLA lowerings they replace; the others with ``off``: the XLA lowerings alone. With ``+rolled``
 (``replay+kernels+rolled``) the model's layers are rolled into loops (``LAZYXLA_ROLL_MIN`` set
-to the layer count; rolling's default starts at more layers than GPT-2 124M has).
+to the layer count; rolling's default starts at more layers than GPT-2 124M has). With ``+long64``
+the device holds int64 in 64 bits (``XLA_USE_32BIT_LONG=0``; a TPU's default is 32:
+``lazyxla.xla.widths``).
 
 Each variant runs in a process of its own (one process holds a TPU), one after the other, and
 reports: the first step's seconds (compile included; where they went: tracing, lowering,
@@ -58,6 +60,7 @@ VARIANTS = ("jax", "lazyxla", "replay")
 EXTRAS = {
     "kernels": lambda args: {"LAZYXLA_TPU_KERNELS": "on"},  # the TPU's Pallas kernels (the default)
     "rolled": lambda args: {"LAZYXLA_ROLL_MIN": str(args.layers)},  # the layers rolled into loops
+    "long64": lambda args: {"XLA_USE_32BIT_LONG": "0"},  # int64 held in 64 bits (a TPU's default: 32)
 }
 
 

@@ -68,7 +68,7 @@ DEVICE_FILES = {
 # only: a file missing here still runs, and a new heavy one belongs here.
 HEAVY_FIRST = ("test_rolling.py", "test_scan.py", "test_hf_replay.py", "test_hf_trainer.py", "test_dynamic_shapes.py",
                "test_coverage.py", "test_tpu_kernels.py", "test_zoo.py", "test_hf_generate.py",
-               "test_beyond_float32.py", "test_param_stacks.py", "test_persistent_cache.py", "test_multiprocess.py",
+               "test_beyond_float32.py", "test_param_stacks.py", "test_persistent_cache.py", "test_int64_width.py", "test_multiprocess.py",
                "test_doc_blocks.py", "test_docs_site.py", "test_demo.py", "test_cache_keys.py",
                "test_persistent_integration.py", "test_optimizer_state.py", "test_outside_checks.py",
                "test_conjugate_views.py", "test_spmd.py", "test_error_inputs.py", "test_wrapping.py",

@@ -7,6 +7,15 @@ import lazyxla
 import lazyxla.debug.metrics as met
 
 
+def needs_wide_int64(dt=torch.int64):
+    """Skip the test where its int64 values cannot be held: the device holds int64 in 32 bits
+    (a TPU's default: ``lazyxla.xla.widths``; ``XLA_USE_32BIT_LONG=0`` runs it there)."""
+    import pytest
+    from lazyxla.xla import widths
+    if dt == torch.int64 and widths.narrow():
+        pytest.skip("int64 values beyond int32's range; this device holds int64 in 32 bits (XLA_USE_32BIT_LONG)")
+
+
 def cnt(name) -> int:
     """A counter's value, 0 when it was never incremented."""
     return met.counter_value(name) or 0

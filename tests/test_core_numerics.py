@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import lazyxla
+from lazyhelp import needs_wide_int64
 
 DEV = lazyxla.device()
 
@@ -244,6 +245,7 @@ def test_int64_default_dtype():
 
 
 def test_int64_large_values_survive_arithmetic():
+    needs_wide_int64()
     big = 2 ** 40 + 12345
     h = torch.tensor([big, -big, 2 ** 53 + 1, 2 ** 62 - 1], dtype=torch.int64)
     x = h.to(DEV)

@@ -18,6 +18,7 @@ import torch
 import lazyxla
 import lazyxla.debug.metrics as met
 from lazyhelp import cnt
+from lazyxla.xla import widths
 
 DEV = lazyxla.device()
 S = torch.special
@@ -198,6 +199,8 @@ def test_elementwise_integer(dtype):
              "fmod": lambda a, b: torch.fmod(a.view(-1, 1), nz(b)), "sign": lambda a, b: torch.sign(a)}
     if dtype != torch.uint8:
         cases |= {"gcd": torch.gcd, "lcm": torch.lcm}
+    if dtype == torch.int64 and widths.narrow():
+        del cases["lcm"]  # lcm(2**31 - 1, 2) needs 33 bits: ``test_int64_width`` has it raise there
     run(cases, [i, j], exact=True)
 
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import lazyxla
 import lazyxla.debug.metrics as met
+from lazyhelp import needs_wide_int64
 
 DEV = lazyxla.device()
 
@@ -84,6 +85,7 @@ def test_parameters_stay_on_device_and_are_lazy_tensors():
 
 
 def test_float64_and_int64_train_values_stay_64_bit():
+    needs_wide_int64()
     torch.manual_seed(0)
     ref = nn.Linear(4, 3).double()
     lz = copy.deepcopy(ref).to(DEV)

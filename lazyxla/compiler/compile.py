@@ -32,7 +32,7 @@ from .. import metrics, rolling
 from ..config import env_int
 from ..run.execution import ExecutionError
 from ..ir.user_line import fmt_where
-from ..xla import precision
+from ..xla import precision, widths
 from ..xla.jax_internals import tupled_parameters
 from ..lowering import build_program, row_args
 from ..xla.client import compile_environment, jnp_dtype, process_mesh, row_indices, spmd, zeros
@@ -119,6 +119,15 @@ def rolled(graph, count=True):
 
 
 ROW_INDEX = jax.ShapeDtypeStruct((), "int32")  # a row-index argument's abstract value
+
+
+def values(graph):
+    """The shapes and dtypes (TensorMetas) of a graph's values (its post-order holds its
+    parameters): what decides whether it is traced in JAX's 32-bit mode (``xla.widths.scope``)."""
+    for n in graph.post:
+        sig = getattr(n, "sig", None)
+        if sig is not None:
+            yield from sig.outs
 
 
 def arg_specs(graph, ws, n_rows) -> list:
@@ -251,15 +260,13 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
         try:
             with tupled_parameters(wrap_allowed and len(args) >= WRAP_THRESHOLD), precision.scope():
                 donate = tuple(donors) + tuple(range(len(graph.params), len(graph.params) + len(ws)))
-                traced = jax.jit(fn, donate_argnums=donate).trace(*args)  # lazyxla's lowerings run here
-                t1 = metrics.now_ns()
-                lowered = traced.lower()                                  # JAX: the program as MLIR
+                lowered, t1 = _trace_and_lower(jax.jit(fn, donate_argnums=donate), args, graph)
                 t2 = metrics.now_ns()
                 compiled = lowered.compile(xla_options(graph) or None)    # XLA's passes and code generation
         except Exception as e:
             raise ExecutionError(describe_failure("compile", key_hex, graph, e)) from e
     t3 = metrics.now_ns()
-    del traced, lowered
+    del lowered
     _give_back_freed_memory()
     mesh = _per_process_mesh()
     if mesh is not None:
@@ -276,11 +283,30 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
     return compiled, dt, body.checks
 
 
+def _trace_and_lower(jitted, args, graph):
+    """The program traced (lazyxla's lowerings run here) and lowered by JAX to MLIR, and when
+    the trace ended: with int64 held in 32 bits, in JAX's 32-bit mode (``xla.widths``), or
+    where that fails, once more as before (``WideIntegerTrace`` counts those)."""
+    if widths.traced_narrow(values(graph)):
+        try:
+            with widths.scope(True):
+                traced = jitted.trace(*args)
+                if not widths.holds_int64(traced.jaxpr):
+                    t1 = metrics.now_ns()
+                    return traced.lower(), t1
+        except Exception:  # noqa: BLE001 - the trace below raises whatever is the graph's own error
+            pass
+        metrics.counter_inc("WideIntegerTrace")
+    traced = jitted.trace(*args)
+    t1 = metrics.now_ns()
+    return traced.lower(), t1
+
+
 def hlo_text(graph) -> str:
     """The program text of the graph (HLO; StableHLO where JAX offers no HLO text)."""
     fn, args, *_ = _function(graph, "IrToHlo", count=False)
     with precision.scope():
-        lowered = jax.jit(fn).lower(*args)
+        lowered, _ = _trace_and_lower(jax.jit(fn), args, graph)
     try:
         return lowered.compiler_ir("hlo").as_hlo_text()
     except Exception:  # noqa: BLE001 - older/newer JAX: fall back to StableHLO text

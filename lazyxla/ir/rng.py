@@ -53,7 +53,7 @@ def current():
     input and hands back the value it left, ``set_current``)."""
     global _seed_ir
     if _seed_ir is None:
-        _seed_ir = (data_leaf(scalar_array(_as_int64(_seed), torch.int64), _META), 0)
+        _seed_ir = (data_leaf(scalar_array(_as_int64(_seed), torch.int64, wrap=True), _META), 0)
     return _seed_ir
 
 

@@ -89,7 +89,7 @@ def embedding_bag(sig, weight, indices, offsets, scale_grad_by_freq=False, mode=
         out = jnp.where(cnt[:, None] > 0, out, 0).astype(wdt)
         # argmax row: the first index of the bag reaching the maximum
         hit = keep[:, None] & (rows == out[bag_c])
-        big = jnp.iinfo(jnp.int64).max
+        big = jnp.iinfo(pos.dtype).max
         first = jax.ops.segment_min(jnp.where(hit, pos[:, None], big), bag_c, num_segments=nb)
         max_idx = jnp.where(first == big, -1, indices[jnp.clip(first, 0, max(n - 1, 0))])
     else:

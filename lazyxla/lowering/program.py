@@ -31,9 +31,11 @@ from contextlib import contextmanager
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 
 from ..config import env_flag
-from ..ir.node import Node, Slot
+from ..ir.node import Node, OpSig, Slot, TensorMeta
+from ..xla import widths
 from ..xla.client import jax_device, jnp_dtype
 from .registry import ZERO_D_AS_VECTOR
 
@@ -54,7 +56,13 @@ def lower_node(node, vals):
     user's line that recorded it (``scope_name``: in every op's ``op_name`` metadata, which
     profiles read back, ``debug.profile``)."""
     with jax.named_scope(scope_name(node)):
-        return lower_call(node.sig, vals)
+        try:
+            return lower_call(node.sig, vals)
+        except OverflowError as e:  # a constant of the op that the device's integers cannot hold
+            w = node.where
+            at = f" at {os.path.basename(w[0])}:{w[1]}" if w else ""
+            raise OverflowError(f"{node.sig.op}{at}: {e}" + (
+                f"; {widths.range_text('an int64 constant is')}" if widths.narrow() else "")) from None
 
 
 _SCOPES: dict = {}  # (op, user line) -> scope name
@@ -99,6 +107,10 @@ def lower_call(sig, vals):
         o = jnp.asarray(o)
         want = jnp_dtype(m.dtype)
         if o.dtype != want:
+            if o.dtype == jnp.int64 and want == jnp.int32 and _checks is not None:
+                # int64 held in 32 bits (``xla.widths``), computed wider by the lowering: it must fit
+                bad = (o < widths.INT32_MIN) | (o > widths.INT32_MAX)
+                report(jnp.any(bad), jnp.sum(bad, dtype=jnp.int32), WRAP_TEXT)
             o = o.astype(want)
         if tuple(o.shape) != m.shape:
             if not _broadcastable(o.shape, m.shape):
@@ -108,6 +120,8 @@ def lower_call(sig, vals):
         res.append(o)
     if len(res) != len(sig.outs):
         raise ValueError(f"the lowering of {sig.op} gives {len(res)} outputs where PyTorch gives {len(sig.outs)}")
+    if _checks is not None and sig.op in widths.WRAPS and widths.narrow():
+        check_wrap(sig, args, kwargs, res)
     return tuple(res)
 
 
@@ -164,7 +178,8 @@ def build_program(post, roots, params, checked=True, workspace=0, row_args=0):
             if mine:
                 program.checks = tuple((op, where, text, kind) for _, _, op, where, text, kind in _checks)
                 if _checks:
-                    rows = [jnp.stack([flag.astype(jnp.int64), value.astype(jnp.int64)])
+                    rd = row_dtype()
+                    rows = [jnp.stack([flag.astype(rd), value.astype(rd)])
                             for flag, value, *_ in _checks]
                     out = out + (jnp.stack(rows),)
             return out
@@ -358,10 +373,16 @@ def _periods(info, i, p):
 
 
 # ---------------------------------------------------------------------------------------
-# Value checks: reported by lowerings while a checked program is traced.
+# Value checks: reported by lowerings while a checked program is traced. A program's rows of
+# (flag, value) are int64 as the device holds it (int32 on a TPU: ``xla.widths``).
 CHECK_VALUES = env_flag("LAZYXLA_CHECK_VALUES", True)
 _checks = None  # the reports of the checked program being traced, or None
 _node = None    # the node being lowered
+
+
+def row_dtype():
+    """The dtype of a program's rows of (flag, value): int64 as the device holds it."""
+    return jnp_dtype(torch.int64)
 
 
 def report(flag, value, text, kind="RuntimeError"):
@@ -387,6 +408,81 @@ def loop_checks(collect=True):
         yield mine if mine is not None else []
     finally:
         _checks, _node = outer, was
+
+
+# int64 held in 32 bits (``xla.widths``): an op of ``widths.WRAPS`` is computed again in float32,
+# which cannot wrap; a result that differs from it by more than float32's rounding (2**-16 of the
+# value, plus 2), or a value float32 puts outside int32's range, wrapped or saturated.
+WRAP_TEXT = "{value} element(s) of its int64 result " + widths.range_text("fall")
+# the operands a float32 recomputation converts, where not every integer operand is a value
+# (an index stays an index)
+_VALUE_ARGS = {"aten::index_add": (0, 3), "aten::scatter_add": (0, 3)}
+
+
+def _shifted(args, fargs):
+    return fargs[0] * jnp.exp2(jnp.asarray(fargs[1], jnp.float32))
+
+
+def _lcm(args, fargs):
+    g = jnp.gcd(args[0], args[1]).astype(jnp.float32)  # exact: a gcd is no larger than its operands
+    return jnp.where(g == 0, 0.0, jnp.abs(fargs[0]) / jnp.where(g == 0, 1.0, g) * jnp.abs(fargs[1]))
+
+
+def _power(args, fargs):
+    """An integer power; a negative exponent's (-1, 0 or 1) cannot leave the range."""
+    a, b = (jnp.asarray(v, jnp.float32) for v in fargs[:2])
+    return jnp.where(b < 0, 0.0, jnp.power(a, jnp.maximum(b, 0.0)))
+
+
+# the ops whose lowering does not take floats, or whose float result is not the integer one:
+# their result in float32 from the operands (integer, and as float32)
+_FLOAT_FORMS = {"aten::__lshift__.Tensor": _shifted, "aten::__lshift__.Scalar": _shifted,
+                "aten::bitwise_left_shift.Tensor": _shifted, "aten::bitwise_left_shift.Tensor_Scalar": _shifted,
+                "aten::lcm": _lcm, "aten::pow.Tensor_Tensor": _power, "aten::pow.Scalar": _power,
+                "aten::pow.Tensor_Scalar": _power}
+
+
+def _as_float(x):
+    if hasattr(x, "dtype") and hasattr(x, "shape") and jnp.issubdtype(x.dtype, jnp.integer):
+        return x.astype(jnp.float32)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_as_float(v) for v in x)
+    return torch.float32 if x is torch.int64 else x
+
+
+def check_wrap(sig, args, kwargs, res):
+    """The value check of an op whose int64 result may have left the 32 bits it is held in."""
+    global _checks
+    outs = [i for i, m in enumerate(sig.outs) if m.dtype is torch.int64]
+    if not outs:
+        return
+    picks = _VALUE_ARGS.get(sig.op)
+    fargs = tuple(_as_float(a) if picks is None or i in picks else a for i, a in enumerate(args))
+    fkw = {k: _as_float(v) for k, v in kwargs.items()}
+    saved, _checks = _checks, None  # the lowering's own checks were reported once already
+    try:
+        with jax.default_matmul_precision("highest"):
+            form = _FLOAT_FORMS.get(sig.op)
+            if form is not None:
+                f = form(args, fargs)
+            else:
+                f = sig.lower(_float_sig(sig), *fargs, **fkw)
+    finally:
+        _checks = saved
+    f = f if isinstance(f, (tuple, list)) else (f,)
+    for i in outs:
+        fi = jnp.asarray(f[i]).astype(jnp.float32)
+        ri = res[i].astype(jnp.float32)
+        bad = (jnp.abs(fi - ri) > jnp.abs(fi) * 2.0 ** -16 + 2) | ~(jnp.abs(fi) < 2.0 ** 31)
+        report(jnp.any(bad), jnp.sum(bad, dtype=jnp.int32), WRAP_TEXT)
+
+
+def _float_sig(sig):
+    """``sig`` with float32 where it says int64 (its outputs, its compute dtype)."""
+    f32 = torch.float32
+    outs = tuple(TensorMeta(m.shape, f32) if m.dtype is torch.int64 else m for m in sig.outs)
+    cd = f32 if sig.cdtype is torch.int64 else sig.cdtype
+    return OpSig(sig.op, sig.func, sig.lower, sig.template, outs, sig.params_text, cd)
 
 
 def add_check(flag, value, info):
@@ -417,10 +513,13 @@ def check_index(index, size, text, kind="RuntimeError", negative=False):
         if tuple(shape) == tuple(index.shape):
             index = jnp.where(m, index, 0)
             break
-    flat = jnp.reshape(index, (-1,)).astype(jnp.int64)
+    flat = jnp.reshape(index, (-1,))
     low = -size if negative else 0
-    r = jnp.max(jnp.where(flat >= size, 2 * (flat - size), jnp.where(flat < low, 2 * (low - flat) - 1, -1)))
-    report(r >= 0, jnp.where(r % 2 == 0, r // 2 + size, low - (r + 1) // 2), text, kind)
+    hi, lo = jnp.max(flat), jnp.min(flat)
+    # the farthest out is shown (distances compared in float32: no integer width can overflow)
+    above = hi.astype(jnp.float32) - (size - 1)
+    below = low - lo.astype(jnp.float32)
+    report((hi >= size) | (lo < low), jnp.where(above >= below, hi, lo), text, kind)
 
 
 # ---------------------------------------------------------------------------------------
@@ -448,7 +547,7 @@ def lower_view_scatter(sig, base, src, views=None):
     n = 1
     for s in base.shape:
         n *= s
-    idx = jnp.arange(n, dtype=jnp.int64).reshape(base.shape)
+    idx = jnp.arange(n, dtype=jnp.int32 if n <= widths.INT32_MAX else jnp.int64).reshape(base.shape)
     for vsig, index in sig.func:
         targs, tkw = vsig.template
         mapped = vsig.lower(vsig, *instantiate(targs, [idx]), **{k: instantiate(v, [idx]) for k, v in tkw})

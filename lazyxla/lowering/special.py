@@ -632,7 +632,7 @@ def _igammac(sig, a, x):
 def _int_n(n, dt):
     n = jnp.asarray(n).astype(dt)
     ok = jnp.isfinite(n) & (jnp.abs(n) < 2.0 ** 63)
-    return jnp.where(ok, jnp.trunc(jnp.where(ok, n, 0)).astype(jnp.int64), jnp.iinfo(jnp.int64).min)
+    return jnp.where(ok, jnp.trunc(jnp.where(ok, n, 0)).astype(jnp.int64), jnp.int64(jnp.iinfo(jnp.int64).min))
 
 
 def _recurrence(x, n, p0, p1, step, run):

@@ -79,7 +79,8 @@ class Body:
             with _program.loop_checks(report) as checks:  # the body's own, per iteration
                 out = self.program(*c[:nc], *x, *closures, *c[nc:], *consts)
             infos[:] = [tuple(ck[2:]) for ck in checks]
-            rows = tuple(jnp.stack([f.astype(jnp.int64), v.astype(jnp.int64)]) for f, v, *_ in checks)
+            rd = _program.row_dtype()
+            rows = tuple(jnp.stack([f.astype(rd), v.astype(rd)]) for f, v, *_ in checks)
             return tuple(out[:nc]) + tuple(out[nc + ny:]), (tuple(out[nc:nc + ny]), rows)
 
         c, (ys, rows) = jax.lax.scan(step, carry0 + seed0, xs)

@@ -35,7 +35,7 @@ import weakref
 import torch
 
 from .. import metrics
-from ..errors import LazyXlaError
+from ..errors import LazyXlaError, refusal
 from ..ir.node import _DATA_SIGS, Node, OpSig, Slot, TensorMeta, data_leaf, data_sig
 from ..ir.user_line import fmt_where, user_frame
 from ..xla.jax_internals import hlo_sharding_text
@@ -525,7 +525,7 @@ def upload(host) -> TensorState:
                            f"(at {fmt_where(user_frame(1))}); use .to_dense()")
     src, host = host, host.detach()
     meta = TensorMeta(host.shape, host.dtype)
-    state = device_data(_upload_array(host), meta)
+    state = device_data(_to_device(host, "upload"), meta)
     state.storage.uploaded = STEP
     if upload_hook is not None:
         upload_hook(src, state)
@@ -539,9 +539,18 @@ def take_host(state: TensorState, host) -> bool:
     st = state.storage
     if state.chain is not None or st.data is not None or st.sharding is not None:
         return False
-    st.set_data(_upload_array(host.detach().to(st.meta.dtype)))
+    st.set_data(_to_device(host.detach().to(st.meta.dtype), "a host-computed value"))
     st.uploaded = STEP
     return True
+
+
+def _to_device(host, what):
+    """``xla.upload``, its refusal of a value the device cannot hold (an int64 outside the 32
+    bits a TPU holds it in: ``xla.widths``) named with the user's line."""
+    try:
+        return _upload_array(host)
+    except OverflowError as e:
+        raise refusal(OverflowError)(f"lazyxla: {what} at {fmt_where(user_frame(2))}: {e}") from None
 
 
 def device_data(array, meta: TensorMeta) -> TensorState:
@@ -569,5 +578,9 @@ def scalar_value(v, dtype, op=None, slot=None):
         _counters["DeviceDataCacheMiss"] = _counters.get("DeviceDataCacheMiss", 0) + 1
         if len(SCALAR_LEAVES) > 4096:
             SCALAR_LEAVES.clear()
-        leaf = SCALAR_LEAVES[k] = (data_leaf(scalar_array(v, dtype), TensorMeta((), dtype)), 0)
+        try:
+            array = scalar_array(v, dtype)
+        except OverflowError as e:
+            raise refusal(OverflowError)(f"lazyxla: {op or 'a scalar'} at {fmt_where(user_frame(1))}: {e}") from None
+        leaf = SCALAR_LEAVES[k] = (data_leaf(array, TensorMeta((), dtype)), 0)
     return leaf

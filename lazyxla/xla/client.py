@@ -24,6 +24,7 @@ import torch
 
 from .. import metrics
 from ..config import __version__, env_flag, env_int, env_str
+from . import widths
 from .jax_internals import hlo_sharding_text
 
 jax.config.update("jax_enable_x64", True)
@@ -111,9 +112,19 @@ def sharding_tag(data):
     return hlo_sharding_text(array.sharding, array.ndim)
 
 
+_HELD = None  # TORCH_TO_JNP as this process's device holds each dtype (``widths``)
+
+
 def jnp_dtype(dt: torch.dtype):
+    """The JAX dtype the device holds a PyTorch dtype in: ``TORCH_TO_JNP``'s, but int32 for
+    int64 where the device holds int64 in 32 bits (``widths``)."""
+    global _HELD
+    if _HELD is None:
+        _HELD = dict(TORCH_TO_JNP)
+        if widths.narrow():
+            _HELD[torch.int64] = jnp.int32
     try:
-        return TORCH_TO_JNP[dt]
+        return _HELD[dt]
     except KeyError:
         raise TypeError(f"lazyxla does not support dtype {dt}") from None
 
@@ -143,6 +154,8 @@ def host_array(host: torch.Tensor) -> np.ndarray:
     # a copy: the device value must not follow later writes to the host tensor
     if host.dtype == torch.bfloat16:
         arr = host.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+    elif host.dtype == torch.int64 and widths.narrow():
+        arr = widths.check_host(host.numpy())  # a new int32 array, or an error naming the value
     else:
         arr = host.numpy().copy()
     return arr
@@ -205,11 +218,15 @@ def zeros(shape, dtype):
     return jax.device_put(np.zeros(shape, dtype), placement())
 
 
-def scalar_array(value, dtype: torch.dtype):
-    """A 0-dim device array holding a Python scalar."""
+def scalar_array(value, dtype: torch.dtype, wrap=False):
+    """A 0-dim device array holding a Python scalar. An int64 held in 32 bits (``widths``) must
+    fit them (an OverflowError otherwise), unless ``wrap``: a value that wraps as the dtype's
+    arithmetic does (the random ops' seed)."""
     with metrics.timed("TransferToDeviceTime"):
         npdt = np.dtype(jnp_dtype(dtype))
         if isinstance(value, int) and not isinstance(value, bool) and npdt.kind in "iu":
+            if dtype == torch.int64 and npdt.itemsize == 4 and not wrap:
+                widths.check_scalar(value)
             value = np.asarray(value & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64).astype(npdt)  # wraps, as PyTorch does
         return jax.device_put(np.asarray(value, dtype=npdt), placement())
 
@@ -262,6 +279,7 @@ def compile_environment() -> dict:
     ``XLA_IR_DEBUG``, ``XLA_HLO_DEBUG``, ``LAZYXLA_CHECK_VALUES`` (value checks change the
     program: ``lowering.program``), ``LAZYXLA_PRNG_IMPL`` (the bits random ops draw),
     ``LAZYXLA_TPU_KERNELS`` (whether Pallas kernels replace lowerings: ``tpu_kernels_mode()``),
+    ``XLA_USE_32BIT_LONG`` (the bits an int64 is held in: ``widths.long_bits()``),
     and the versions ``jax``, ``jaxlib``, ``torch`` (with its git revision ``torch_git``) and
     ``lazyxla``."""
     dev = jax_device()
@@ -275,6 +293,7 @@ def compile_environment() -> dict:
         "LAZYXLA_CHECK_VALUES": "1" if env_flag("LAZYXLA_CHECK_VALUES", True) else "0",
         "LAZYXLA_PRNG_IMPL": PRNG_IMPL,
         "LAZYXLA_TPU_KERNELS": tpu_kernels_mode(),
+        "XLA_USE_32BIT_LONG": str(widths.long_bits()),  # int64's width on the device (``widths``)
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
         "torch": f"{torch.__version__} ({torch.version.git_version})",

@@ -1,6 +1,6 @@
 """Every use of JAX's private internals, in one place.
 
-lazyxla needs four things JAX has no public API for:
+lazyxla needs five things JAX has no public API for:
 
 1. parameter wrapping (R11): making ``jax.jit`` tuple a program's parameters, which JAX
    decides in ``jax._src.dispatch.should_tuple_args`` (``tupled_parameters``);
@@ -11,7 +11,9 @@ lazyxla needs four things JAX has no public API for:
    (``kept_arguments``, ``has_constant_arguments``);
 4. in a job of several processes, JAX's coordination client (``distributed_client``: its
    key-value store, which processes are alive) and whether JAX's runtime already started
-   (``backend_started``); and the HLO sharding text of a sharding (``hlo_sharding_text``).
+   (``backend_started``); and the HLO sharding text of a sharding (``hlo_sharding_text``);
+5. JAX's 32-bit defaults with explicit 64-bit dtypes kept, while a program is traced
+   (``explicit_x64_allowed``: ``jax_explicit_x64_dtypes`` as a scoped setting; ``widths``).
 
 Checked against ``CHECKED_JAX`` (the version pinned in pyproject.toml). When JAX changes
 underneath, each function raises ``JaxInternalsChanged`` naming this module and the
@@ -65,6 +67,19 @@ def tupled_parameters(on: bool):
             yield
         finally:
             jax_dispatch.should_tuple_args = orig
+
+
+@contextlib.contextmanager
+def explicit_x64_allowed():
+    """Within the block (and JAX's 32-bit mode), a dtype asked for explicitly keeps its 64 bits
+    (``jax_explicit_x64_dtypes`` = ``allow``, set for this thread only)."""
+    try:
+        from jax._src import config as jax_config
+        state, allow = jax_config.explicit_x64_dtypes, jax_config.ExplicitX64Mode.ALLOW
+    except (ImportError, AttributeError) as e:
+        raise _changed("jax._src.config.explicit_x64_dtypes", e) from None
+    with state(allow):
+        yield
 
 
 def hlo_sharding_text(sharding, ndim: int) -> str:
