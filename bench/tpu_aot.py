@@ -34,6 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # libtpu reads these when it loads; on a machine without a TPU they say which one to compile for
 os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-1")
 os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+# int64 as a TPU holds it (``lazyxla.xla.widths``): in 32 bits
+os.environ.setdefault("XLA_USE_32BIT_LONG", "1")
 
 
 def _part(text):
@@ -145,7 +147,8 @@ def main():
         t0 = time.perf_counter()
         with tupled_parameters(wrap_allowed and len(specs) >= compile_mod.WRAP_THRESHOLD), precision.scope():
             donate = tuple(donors) + tuple(range(len(graph.params), len(graph.params) + len(ws)))
-            lowered = jax.jit(fn, donate_argnums=donate).trace(*specs).lower(lowering_platforms=("tpu",))
+            lowered, _ = compile_mod._trace_and_lower(jax.jit(fn, donate_argnums=donate), specs, graph,
+                                                      lowering_platforms=("tpu",))
             compiled = lowered.compile(xla_options(args.xla_option) or None)
         seconds = time.perf_counter() - t0
         after = compiled.as_text()

@@ -283,23 +283,24 @@ def compile_graph(graph, key_hex: str, name: str, donors=(), wrap_allowed=True):
     return compiled, dt, body.checks
 
 
-def _trace_and_lower(jitted, args, graph):
-    """The program traced (lazyxla's lowerings run here) and lowered by JAX to MLIR, and when
-    the trace ended: with int64 held in 32 bits, in JAX's 32-bit mode (``xla.widths``), or
-    where that fails, once more as before (``WideIntegerTrace`` counts those)."""
+def _trace_and_lower(jitted, args, graph, **lower):
+    """The program traced (lazyxla's lowerings run here) and lowered by JAX to MLIR (``lower``:
+    ``Traced.lower``'s options), and when the trace ended: with int64 held in 32 bits, in JAX's
+    32-bit mode (``xla.widths``), or where that fails, once more as before (``WideIntegerTrace``
+    counts those)."""
     if widths.traced_narrow(values(graph)):
         try:
             with widths.scope(True):
                 traced = jitted.trace(*args)
                 if not widths.holds_int64(traced.jaxpr):
                     t1 = metrics.now_ns()
-                    return traced.lower(), t1
+                    return traced.lower(**lower), t1
         except Exception:  # noqa: BLE001 - the trace below raises whatever is the graph's own error
             pass
         metrics.counter_inc("WideIntegerTrace")
     traced = jitted.trace(*args)
     t1 = metrics.now_ns()
-    return traced.lower(), t1
+    return traced.lower(**lower), t1
 
 
 def hlo_text(graph) -> str:

@@ -57,7 +57,7 @@ import jax.scipy.linalg as jsl
 import torch
 from jax import lax
 
-from ..xla import precision
+from ..xla import precision, widths
 from ..xla.client import jnp_dtype
 from .registry import DECOMPOSITIONS, register, shape_rule
 
@@ -657,8 +657,9 @@ def eigvals(sig, A):
 def pinv(sig, A, *, atol=None, rtol=None, hermitian=False):
     """PyTorch's rule: singular values (|eigenvalues| if hermitian) above
     max(atol, rtol * largest) are inverted, the rest dropped; tolerances in float64; rtol
-    defaults to eps * max(m, n), or 0 when a positive atol is given."""
-    f64 = jnp.float64
+    defaults to eps * max(m, n), or 0 when a positive atol is given. The tolerances are float32
+    where float64 is not native (a TPU: ``xla.widths.FLOAT64_NATIVE``)."""
+    f64 = jnp.float64 if widths.float64_native() else jnp.float32
     m, n = A.shape[-2:]
     atol_ = jnp.zeros((), f64) if atol is None else atol.astype(f64)
     if rtol is not None:

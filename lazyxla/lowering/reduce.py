@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..xla import widths
 from ..xla.client import jnp_dtype
 from .registry import register
 
@@ -264,11 +265,6 @@ def _log_add_exp_complex(cum, x):
     return jnp.where(nan_in, nan, jnp.where(inf_eq, both_inf, general))
 
 
-def _wide() -> bool:
-    """float64 is native on this backend (CPU, GPU; not TPU)."""
-    return jax.default_backend() in ("cpu", "gpu", "cuda", "rocm")
-
-
 @register("logcumsumexp.default", zero_d="input")
 def _logcumsumexp(sig, x, dim):
     """PyTorch folds from -inf: the first element is log_add_exp(x0, -inf) (which moves
@@ -278,7 +274,7 @@ def _logcumsumexp(sig, x, dim):
     order than PyTorch's sequential one, and its gradient formula amplifies the difference."""
     d = dim % max(x.ndim, 1)
     xa = _acc(x, None)
-    if xa.dtype == jnp.float32 and _wide():  # float64 inside: the backward's formula (log of
+    if xa.dtype == jnp.float32 and widths.float64_native():  # float64 inside: the backward's formula (log of
         xa = xa.astype(jnp.float64)           # reversed scans) is no farther from exact than eager's
     if jnp.issubdtype(xa.dtype, jnp.complexfloating):
         moved = jnp.moveaxis(xa, d, 0)

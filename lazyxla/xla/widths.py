@@ -50,6 +50,12 @@ RULES = {
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
+# platform -> whether float64 arithmetic is native there. A TPU emulates it with pairs of
+# float32s, and its compiler cannot rewrite every program that holds it (an SVD's loop with
+# float64 tolerances: "UNIMPLEMENTED: While rewriting computation to not contain X{64|128}");
+# a lowering computes in float64 for accuracy only where ``float64_native()``.
+FLOAT64_NATIVE = {"tpu": False, "cpu": True, "gpu": True}
+
 # The ops whose int64 result can leave int32's range when its operands are inside it: each
 # reports a value check where int64 is held in 32 bits (``lowering.program.check_wrap``). The
 # others cannot leave it: comparisons, min/max, indexing, bitwise and/or/xor, right shifts,
@@ -84,6 +90,11 @@ def long_bits() -> int:
         raise ValueError(f"{_VAR}={v!r}: 1 holds int64 in 32 bits on the device, 0 in 64 (unset: the "
                          f"platform's rule, lazyxla.xla.widths.RULES)")
     return RULES.get(_platform(), (64, ""))[0]
+
+
+def float64_native() -> bool:
+    """Whether this process's device computes float64 natively (``FLOAT64_NATIVE``)."""
+    return FLOAT64_NATIVE.get(_platform(), False)
 
 
 def _platform() -> str:
@@ -121,18 +132,26 @@ def check_scalar(value: int) -> None:
         raise OverflowError(range_text(f"the int64 scalar {value} is"))
 
 
-# dtypes that need JAX's 64-bit mode to be traced as they are
-_WIDE = frozenset({"torch.float64", "torch.complex128", "torch.uint64"})
+# dtypes whose programs are traced with JAX's 64-bit defaults where float64 is native: there a
+# lowering's implicit float64 constant (a NumPy float64 scalar) keeps its digits. Where float64
+# is emulated (a TPU) they are traced in 32-bit mode too: the float64 values a lowering or
+# PyTorch asks for explicitly stay float64 (PyTorch's pinv takes its tolerances as float64
+# tensors), and an SVD's loop counters are not 64-bit integers, which XLA's TPU compiler could
+# not rewrite next to them ("UNIMPLEMENTED: While rewriting computation to not contain X{64|128}").
+_WIDE_FLOATS = frozenset({"torch.float64", "torch.complex128"})
 
 
 def traced_narrow(metas) -> bool:
     """Whether a program over these values (TensorMetas: ``shape``, ``dtype``, ``numel``) is
-    traced in JAX's 32-bit mode: int64 held in 32 bits, and none of them needs 64 bits (a 64-bit
-    float, complex or unsigned value; 2**31 elements or more, whose flat indices need 64 bits)."""
+    traced in JAX's 32-bit mode: int64 held in 32 bits, and none of them needs 64 bits (a uint64;
+    a float64 or complex128 where float64 is native; 2**31 elements or more, whose flat indices
+    need 64 bits)."""
     if not narrow():
         return False
+    native = float64_native()
     for m in metas:
-        if str(m.dtype) in _WIDE or m.numel > INT32_MAX:
+        d = str(m.dtype)
+        if d == "torch.uint64" or (native and d in _WIDE_FLOATS) or m.numel > INT32_MAX:
             return False
     return True
 
