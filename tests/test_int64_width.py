@@ -162,3 +162,26 @@ def test_the_width_is_the_platforms_unless_set():
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, XLA_USE_32BIT_LONG="maybe"),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "XLA_USE_32BIT_LONG='maybe': 1 holds int64 in 32 bits" in r.stderr
+
+
+def test_where_float64_is_emulated_its_programs_keep_their_float64():
+    """As on a TPU (``widths.FLOAT64_NATIVE``): a program that holds float64 only inside (PyTorch's
+    pinv takes its tolerances as float64 tensors) is traced in JAX's 32-bit mode, one with a
+    float64 argument or result at 64 bits; both give eager's values."""
+    code = r'''
+import json, torch, lazyxla
+import lazyxla.debug.metrics as met
+from lazyxla.xla import widths
+widths.FLOAT64_NATIVE["cpu"] = False
+d = lazyxla.device()
+a = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+x = torch.randn(6, dtype=torch.float64)
+got = [torch.linalg.pinv(a.to(d), rtol=0.3), (x.to(d) * 0.1).sum(), torch.arange(5, device=d) * 3]
+want = [torch.linalg.pinv(a, rtol=0.3), (x * 0.1).sum(), torch.arange(5) * 3]
+print(json.dumps({"same": [bool(torch.allclose(g.cpu(), w, rtol=1e-5, atol=1e-6)) for g, w in zip(got, want)],
+                  "dtypes": [str(g.dtype) for g in got], "wide": met.counter_value("WideIntegerTrace") or 0}))
+'''
+    out = json_runs(code, XLA_USE_32BIT_LONG="1")[0]
+    assert out["same"] == [True, True, True], out
+    assert out["dtypes"] == ["torch.float32", "torch.float64", "torch.int64"]
+    assert out["wide"] == 0  # none of them needed a second trace

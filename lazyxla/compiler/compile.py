@@ -130,6 +130,14 @@ def values(graph):
             yield from sig.outs
 
 
+def ends(graph):
+    """The TensorMetas of a graph's arguments and results."""
+    for p in graph.params:
+        yield from p.sig.outs
+    for r, i in graph.roots:
+        yield r.sig.outs[i]
+
+
 def arg_specs(graph, ws, n_rows) -> list:
     """A program's abstract arguments: its parameters', its workspace's, its row indices'."""
     return specs(graph) + ws + [ROW_INDEX] * n_rows
@@ -288,7 +296,7 @@ def _trace_and_lower(jitted, args, graph, **lower):
     ``Traced.lower``'s options), and when the trace ended: with int64 held in 32 bits, in JAX's
     32-bit mode (``xla.widths``), or where that fails, once more as before (``WideIntegerTrace``
     counts those)."""
-    if widths.traced_narrow(values(graph)):
+    if widths.traced_narrow(values(graph), ends(graph)):
         try:
             with widths.scope(True):
                 traced = jitted.trace(*args)

@@ -134,20 +134,24 @@ def check_scalar(value: int) -> None:
 
 # dtypes whose programs are traced with JAX's 64-bit defaults where float64 is native: there a
 # lowering's implicit float64 constant (a NumPy float64 scalar) keeps its digits. Where float64
-# is emulated (a TPU) they are traced in 32-bit mode too: the float64 values a lowering or
-# PyTorch asks for explicitly stay float64 (PyTorch's pinv takes its tolerances as float64
+# is emulated (a TPU) a program that holds them inside, not among its arguments or results, is
+# traced in 32-bit mode too: the float64 values a lowering or PyTorch asks for explicitly stay float64 (PyTorch's pinv takes its tolerances as float64
 # tensors), and an SVD's loop counters are not 64-bit integers, which XLA's TPU compiler could
 # not rewrite next to them ("UNIMPLEMENTED: While rewriting computation to not contain X{64|128}").
 _WIDE_FLOATS = frozenset({"torch.float64", "torch.complex128"})
 
 
-def traced_narrow(metas) -> bool:
-    """Whether a program over these values (TensorMetas: ``shape``, ``dtype``, ``numel``) is
-    traced in JAX's 32-bit mode: int64 held in 32 bits, and none of them needs 64 bits (a uint64;
-    a float64 or complex128 where float64 is native; 2**31 elements or more, whose flat indices
-    need 64 bits)."""
+def traced_narrow(metas, io=()) -> bool:
+    """Whether a program is traced in JAX's 32-bit mode: int64 held in 32 bits, and none of its
+    values (TensorMetas: ``shape``, ``dtype``, ``numel``) needs 64 bits: a uint64; a float64 or
+    complex128 where float64 is native, and on any platform among its arguments and results
+    ``io`` (JAX's 32-bit mode compiles a float64 argument as float32); 2**31 elements or more,
+    whose flat indices need 64 bits."""
     if not narrow():
         return False
+    for m in io:
+        if str(m.dtype) in _WIDE_FLOATS or str(m.dtype) == "torch.uint64":
+            return False
     native = float64_native()
     for m in metas:
         d = str(m.dtype)
