@@ -2,18 +2,21 @@
 
 A TPU has no 64-bit integer arithmetic. XLA's TPU compiler splits every ``s64`` value of a
 program into a pair of 32-bit values before its other passes run. GPT-2 124M's training step
-holds ~220 of them: token ids, labels, positions, and the index arithmetic of masks and of the
-loss. Split, they made the compiled program 1.45x as large (34.8k instructions against 24.0k)
-and its compile 12-22 s longer (compiled ahead of time for a v5e: 73 and 79 s against 61 and
-57 s). JAX holds integers in 32 bits unless told otherwise; torch_xla does so with
-``XLA_USE_32BIT_LONG=1``.
+held ~220 of them: token ids, labels, positions, and the index arithmetic of masks and of the
+loss. Compiled ahead of time for a v5e on a 2-core machine, the split made the program 1.45x as
+large after XLA's passes (34.8k instructions against 24.0k) and its compile 12-22 s longer; on
+the chip itself the same run measured no difference (XLA's compile 43.4 s at 32 bits, 42.8 at
+64, 2026-12-07), nor in the step. Some programs compile only at 32 bits there (an SVD's 64-bit
+loop counters beside float64 made XLA's rewriting fail). JAX holds integers in 32 bits unless
+told otherwise; torch_xla does so with ``XLA_USE_32BIT_LONG=1``.
 
 ``RULES`` gives each platform's width. torch_xla's ``XLA_USE_32BIT_LONG`` overrides it on every
 platform: ``1`` holds int64 in 32 bits, ``0`` in 64. Held in 32 bits, an int64 tensor is still
 int64 to PyTorch: its dtype, type promotion, and what ``.cpu()`` returns. On the device it is
 int32. Its programs are traced in JAX's 32-bit mode (``scope``), so that no ``s64`` is left in
-them, unless a program holds a 64-bit float, complex or unsigned value, or a tensor of 2**31
-elements or more.
+them, unless ``traced_narrow`` says a program needs 64 bits: a float64 or complex128 argument or
+result, any float64 where float64 is native (``FLOAT64_NATIVE``), a uint64, a tensor of 2**31
+elements or more, or a lowering that asks for a 64-bit integer itself.
 
 Exact or an error, never a wrapped value:
 - an upload or a Python scalar outside int32's range is an error (``check_host``,
@@ -42,8 +45,8 @@ from ..config import env_str
 
 # platform -> bits of an int64 on the device, and why
 RULES = {
-    "tpu": (32, "no 64-bit integer unit: every s64 is split in two, which made GPT-2's compile "
-                "12-22 s longer and its program 1.45x as large"),
+    "tpu": (32, "no 64-bit integer unit: every s64 is split in two (GPT-2's program 1.45x as large "
+                "after XLA's passes; some programs compile only at 32 bits), as JAX holds them"),
     "cpu": (64, "64-bit integers are native; the values are PyTorch's CPU's at every width"),
     "gpu": (64, "64-bit integer arithmetic exists (slower than 32-bit); not measured"),
 }
