@@ -107,7 +107,7 @@ def lower_call(sig, vals):
         o = jnp.asarray(o)
         want = jnp_dtype(m.dtype)
         if o.dtype != want:
-            if o.dtype == jnp.int64 and want == jnp.int32 and _checks is not None:
+            if o.dtype == jnp.int64 and want == jnp.int32 and m.dtype is torch.int64 and _checks is not None:
                 # int64 held in 32 bits (``xla.widths``), computed wider by the lowering: it must fit
                 bad = (o < widths.INT32_MIN) | (o > widths.INT32_MAX)
                 report(jnp.any(bad), jnp.sum(bad, dtype=jnp.int32), WRAP_TEXT)
