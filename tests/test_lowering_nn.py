@@ -1,14 +1,16 @@
 """Numerics of the nn lowerings (lazyxla/lowering/: conv, pooling, resample, softmax, loss, layer_norm, embedding, activation) against PyTorch eager CPU.
 
-Each case runs the ATen op on meta tensors for the output metas, calls the registered
-lowering on JAX copies of the inputs (scalars passed as the dispatcher passes them), casts
-like the executor does, and compares with the eager CPU result. The last tests go through
+Each case runs the ATen op on meta tensors for the output metas, traces the registered
+lowering into one program as the compiler does (``call_lowering``) on JAX copies of the
+inputs (scalars passed as the dispatcher passes them), casts like the executor does, and
+compares with the eager CPU result. The last tests go through
 the real lazy device end to end.
 """
 from __future__ import annotations
 
 import types
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -17,6 +19,7 @@ import torch
 
 import lazyxla  # noqa: F401  (enables JAX 64-bit mode)
 from lazyxla.lowering import LOWERINGS
+from lazyxla.xla import precision
 from lazyxla.xla.client import jnp_dtype
 
 aten = torch.ops.aten
@@ -74,6 +77,23 @@ def _jax_args(op, args, kwargs):
     return jargs, jkw
 
 
+def call_lowering(fn, sig, *args, **kwargs):
+    """``fn(sig, *args, **kwargs)`` as the compiler calls a lowering: traced once into one
+    program (the arrays its arguments, the rest fixed) under the matmul precision's scope. Called
+    op by op outside that scope, a float32 product would compute at JAX's default (one bfloat16
+    pass on a TPU) and each JAX op would be a program of its own."""
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+    where = [isinstance(x, jax.Array) for x in leaves]
+
+    def traced(*arrays):
+        it = iter(arrays)
+        a, kw = jax.tree_util.tree_unflatten(tree, [next(it) if w else x for x, w in zip(leaves, where)])
+        return fn(sig, *a, **kw)
+
+    with precision.scope():
+        return jax.jit(traced)(*[x for x, w in zip(leaves, where) if w])
+
+
 def run_lowering(op, *args, **kwargs):
     """The lowering's outputs as torch tensors (cast to the meta dtypes), one per meta output."""
     margs = _map(lambda t: t.to("meta"), list(args))
@@ -84,13 +104,16 @@ def run_lowering(op, *args, **kwargs):
         outs=tuple(types.SimpleNamespace(shape=tuple(m.shape), dtype=m.dtype) for m in metas),
         cdtype=None)
     jargs, jkw = _jax_args(op, args, kwargs)
-    res = LOWERINGS[op](sig, *jargs, **jkw)
-    if not isinstance(res, (tuple, list)):
-        res = (res,)
-    assert len(res) == len(metas), (len(res), len(metas))
+
+    def cast(sig, *a, **kw):  # in the same program: one compile per case
+        res = LOWERINGS[op](sig, *a, **kw)
+        if not isinstance(res, (tuple, list)):
+            res = (res,)
+        assert len(res) == len(metas), (len(res), len(metas))
+        return tuple(jnp.asarray(r).astype(jnp_dtype(m.dtype)) for r, m in zip(res, metas))
+
     out = []
-    for r, m in zip(res, metas):
-        r = jnp.asarray(r).astype(jnp_dtype(m.dtype))
+    for r, m in zip(call_lowering(cast, sig, *jargs, **jkw), metas):
         assert tuple(r.shape) == tuple(m.shape), (r.shape, m.shape)
         out.append(_to_torch(r, m.dtype))
     return out
@@ -182,9 +205,9 @@ def test_convolution_backward_masked_slots_are_zeros():
     outs = tuple(types.SimpleNamespace(shape=s, dtype=torch.float32)
                  for s in [(1, 2, 5, 5), (3, 2, 3, 3), (3,)])
     sig = types.SimpleNamespace(outs=outs, cdtype=torch.float32)
-    res = LOWERINGS[aten.convolution_backward.default](
-        sig, _to_jax(gy), _to_jax(x), _to_jax(w), [3], [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
-        [False, True, False])
+    res = call_lowering(
+        LOWERINGS[aten.convolution_backward.default], sig, _to_jax(gy), _to_jax(x), _to_jax(w), [3],
+        [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [False, True, False])
     assert [tuple(r.shape) for r in res] == [(1, 2, 5, 5), (3, 2, 3, 3), (3,)]
     assert float(jnp.abs(res[0]).max()) == 0.0 and float(jnp.abs(res[2]).max()) == 0.0
     exp = aten.convolution_backward.default(gy, x, w, [3], [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
