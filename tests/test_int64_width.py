@@ -101,11 +101,24 @@ fine = {
 }
 out["fine"] = {k: [a.cpu().tolist() == b.tolist(), str(a.dtype)] for k, (a, b) in fine.items()}
 
-# a lowering that asks JAX for int64 itself (randint's bits) is traced with 64-bit JAX: its
-# draws stay in [3, 11)
-before = met.counter_value("WideIntegerTrace") or 0
-r = torch.randint(3, 11, (4000,), device=d).cpu()
-out["randint"] = [int(r.min()), int(r.max()), (met.counter_value("WideIntegerTrace") or 0) - before]
+# random numbers stay in the 32-bit trace (the key from the seed's 32 bits, randint's draws in
+# the held int32): draws in [3, 11), no int64 in the program (XLA's generator keeps its own
+# state as u64[2])
+def wide():
+    return met.counter_value("WideIntegerTrace") or 0
+before = wide()
+r, drop = torch.randint(3, 11, (4000,), device=d), F.dropout(torch.ones(64, device=d), 0.5)
+text = lazyxla.dump_hlo([r, drop])
+r, drop = r.cpu(), drop.cpu()
+out["randint"] = [int(r.min()), int(r.max()), wide() - before, " s64[" in text,
+                  sorted(set(drop.tolist()))]
+out["randint_big"] = error(lambda: torch.randint(0, 2 ** 40, (3,), device=d).cpu())
+# a lowering that holds a 64-bit integer itself (the polynomials' n beyond int64's range) is
+# traced again at 64 bits, with eager's values
+before = wide()
+x, n = torch.tensor([0.3, -0.5, 0.9]), torch.tensor([3., 5., 40.])
+p = torch.special.chebyshev_polynomial_t(x.to(d), n.to(d)).cpu()
+out["poly"] = [torch.allclose(p, torch.special.chebyshev_polynomial_t(x, n), atol=1e-5), wide() - before]
 print(json.dumps(out))
 '''
 
@@ -146,10 +159,18 @@ def test_ops_inside_the_range_give_eagers_values(narrow):
         assert same and dtype == "torch.int64", (name, same, dtype)
 
 
-def test_a_lowering_that_needs_int64_is_traced_at_64_bits(narrow):
-    lo, hi, wide = narrow["randint"]
+def test_random_numbers_stay_in_the_32_bit_trace(narrow):
+    lo, hi, wide, holds64, dropped = narrow["randint"]
     assert (lo, hi) == (3, 10)
-    assert wide >= 1
+    assert wide == 0 and not holds64
+    assert dropped == [0.0, 2.0]
+    e = narrow["randint_big"]
+    assert e is not None and "aten::randint" in e and " at <string>:" in e, e
+
+
+def test_a_lowering_that_needs_int64_is_traced_at_64_bits(narrow):
+    same, wide = narrow["poly"]
+    assert same and wide >= 1
 
 
 def test_the_width_is_the_platforms_unless_set():

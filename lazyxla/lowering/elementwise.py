@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from ..xla.widths import long_dtype
 from ..xla.client import jnp_dtype
 from .program import check_index
 from .registry import register
@@ -501,11 +502,11 @@ def _binary_search(seq, vals, right):
     ``!(mid >= val)`` / ``!(mid > val)``, so nans land where PyTorch puts them."""
     n = seq.shape[-1]
     if n == 0:
-        return jnp.zeros(vals.shape, jnp.int64)
+        return jnp.zeros(vals.shape, long_dtype())
     rows = seq.reshape(-1, n)
     flat = vals.reshape(rows.shape[0], -1)
-    lo = jnp.zeros(flat.shape, jnp.int64)
-    hi = jnp.full(flat.shape, n, jnp.int64)
+    lo = jnp.zeros(flat.shape, long_dtype())
+    hi = jnp.full(flat.shape, n, long_dtype())
     for _ in range(n.bit_length()):
         active = lo < hi
         mid = lo + ((hi - lo) >> 1)
@@ -524,7 +525,7 @@ def _search_dtype(sig):
 def _searchsorted(sig, seq, vals, out_int32=False, right=False, side=None, sorter=None):
     if sorter is not None:
         check_index(sorter, seq.shape[-1], "torch.searchsorted(): sorter index out of range (index {value})")
-        seq = jnp.take_along_axis(seq, sorter.astype(jnp.int64), axis=-1)
+        seq = jnp.take_along_axis(seq, sorter.astype(long_dtype()), axis=-1)
     dt = _search_dtype(sig)
     vals = jnp.asarray(_c(vals, dt))
     return _binary_search(_c(seq, dt), vals, right or side == "right")
@@ -575,5 +576,5 @@ def _histc(sig, x, bins=100, min=0, max=0):
         lo, hi = jnp.asarray(min, dt), jnp.asarray(max, dt)
         pos = _exact_div((x - lo) * jnp.asarray(bins, dt), jnp.asarray(max, dt) - jnp.asarray(min, dt))
     ok = (x >= lo) & (x <= hi) & jnp.isfinite(lo) & jnp.isfinite(hi)
-    idx = jnp.clip(jnp.trunc(jnp.where(ok, pos, 0)).astype(jnp.int64), 0, bins - 1)
+    idx = jnp.clip(jnp.trunc(jnp.where(ok, pos, 0)).astype(long_dtype()), 0, bins - 1)
     return jnp.zeros((bins,), dt).at[idx].add(ok.astype(dt))

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from .nn_helpers import _f
 from .program import check_index
+from ..xla.widths import long_dtype
 from .registry import register
 
 
@@ -74,7 +75,7 @@ def embedding_bag(sig, weight, indices, offsets, scale_grad_by_freq=False, mode=
         # bag of each index: the last bag whose offset is <= its position
         bag = jnp.searchsorted(offsets[:nb], pos, side="right") - 1
     else:
-        bag = jnp.zeros((n,), jnp.int64)
+        bag = jnp.zeros((n,), long_dtype())
     end = offsets[nb] if include_last_offset else n
     keep = (bag >= 0) & (pos < end)
     if padding_idx is not None and padding_idx >= 0:
@@ -85,7 +86,7 @@ def embedding_bag(sig, weight, indices, offsets, scale_grad_by_freq=False, mode=
     if mode == _MAX:
         filled = jnp.where(keep[:, None], rows, -jnp.inf)
         out = jax.ops.segment_max(filled, bag_c, num_segments=nb)
-        cnt = jax.ops.segment_sum(keep.astype(jnp.int64), bag_c, num_segments=nb)
+        cnt = jax.ops.segment_sum(keep.astype(long_dtype()), bag_c, num_segments=nb)
         out = jnp.where(cnt[:, None] > 0, out, 0).astype(wdt)
         # argmax row: the first index of the bag reaching the maximum
         hit = keep[:, None] & (rows == out[bag_c])
@@ -97,13 +98,13 @@ def embedding_bag(sig, weight, indices, offsets, scale_grad_by_freq=False, mode=
             rows = rows * _f(per_sample_weights)[:, None].astype(wdt)
         rows = jnp.where(keep[:, None], rows, 0)
         out = jax.ops.segment_sum(rows, bag_c, num_segments=nb)
-        cnt = jax.ops.segment_sum(keep.astype(jnp.int64), bag_c, num_segments=nb)
+        cnt = jax.ops.segment_sum(keep.astype(long_dtype()), bag_c, num_segments=nb)
         if mode == _MEAN:
             out = out / jnp.maximum(cnt, 1)[:, None].astype(wdt)
-        max_idx = jnp.zeros(sig.outs[3].shape, jnp.int64)
-    sizes = jnp.zeros(sig.outs[2].shape, jnp.int64)
+        max_idx = jnp.zeros(sig.outs[3].shape, long_dtype())
+    sizes = jnp.zeros(sig.outs[2].shape, long_dtype())
     sizes = sizes.at[:nb].set(cnt) if nb else sizes
-    o2b = bag_c if sig.outs[1].shape == (n,) else jnp.zeros(sig.outs[1].shape, jnp.int64)
+    o2b = bag_c if sig.outs[1].shape == (n,) else jnp.zeros(sig.outs[1].shape, long_dtype())
     return out, o2b, sizes, max_idx
 
 
@@ -128,7 +129,7 @@ def embedding_bag_backward(sig, grad, indices, offsets, offset2bag, bag_size, ma
     if per_sample_weights is not None:
         g = g * _f(per_sample_weights)[:, None].astype(g.dtype)
     if scale_grad_by_freq:
-        freq = jnp.zeros((num_weights,), jnp.int64).at[indices].add(keep.astype(jnp.int64))
+        freq = jnp.zeros((num_weights,), long_dtype()).at[indices].add(keep.astype(long_dtype()))
         g = g / jnp.maximum(freq[indices], 1)[:, None].astype(g.dtype)
     return gw.at[indices].add(jnp.where(keep[:, None], g, 0))
 

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from ..xla.widths import long_dtype
 from ..xla.client import jnp_dtype
 from .registry import register, shape_rule
 
@@ -189,7 +190,7 @@ def _hist(x2, edges, weight, density):
     """The (weighted) counts of the points x2 [points, n] in the bins the edges make."""
     shape = tuple(e.shape[0] - 1 for e in edges)
     dt = x2.dtype
-    flat = jnp.zeros((x2.shape[0],), jnp.int64)
+    flat = jnp.zeros((x2.shape[0],), long_dtype())
     inside = jnp.ones((x2.shape[0],), bool)
     for d, e in enumerate(edges):
         v = x2[:, d]

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .program import check_index, report
+from ..xla.widths import long_dtype
 from .registry import register
 
 
@@ -131,7 +132,7 @@ def _index_put_mask(x, indices, values, accumulate):
     v = jnp.asarray(values, x.dtype)
     k = v.shape[-(len(post) + 1)] if v.ndim > len(post) else 1
     v = jnp.broadcast_to(v, pre + (k,) + post)
-    count = jnp.cumsum(mf.astype(jnp.int64))
+    count = jnp.cumsum(mf.astype(long_dtype()))
     if k != 1:  # k values for the mask's True elements: their number must be k
         shape = ", ".join(str(s) for s in jnp.shape(values))
         report(count[-1] != k, count[-1], f"shape mismatch: value tensor of shape [{shape}] cannot be broadcast to "
@@ -180,7 +181,7 @@ def masked_scatter(sig, x, mask, source):
     flat = jnp.broadcast_to(x, shape).reshape(-1)
     m = jnp.broadcast_to(mask, shape).reshape(-1)
     src = source.reshape(-1).astype(x.dtype)
-    count = jnp.cumsum(m.astype(jnp.int64))
+    count = jnp.cumsum(m.astype(long_dtype()))
     if m.size:
         report(count[-1] > src.size, count[-1], "Number of elements of source < number of ones in mask "
                f"({{value}} ones, {src.size} elements)")
@@ -197,7 +198,7 @@ def masked_scatter_backward(sig, grad, mask, sizes):
     flat = grad.reshape(-1)
     m = jnp.broadcast_to(mask, grad.shape).reshape(-1)
     n = int(np.prod(sizes, dtype=np.int64))
-    k = jnp.where(m, jnp.cumsum(m.astype(jnp.int64)) - 1, n)
+    k = jnp.where(m, jnp.cumsum(m.astype(long_dtype())) - 1, n)
     return jnp.zeros((n,), grad.dtype).at[k].set(flat, mode="drop").reshape(tuple(sizes))
 
 
@@ -234,7 +235,7 @@ def scatter_reduce(sig, x, dim, index, src, reduce, include_self=True):
     if reduce == "mean":
         base = x if include_self else x.at[idx].set(jnp.zeros((), x.dtype))
         total = base.at[idx].add(src)
-        count = (jnp.ones(x.shape, jnp.int64) if include_self else jnp.zeros(x.shape, jnp.int64)
+        count = (jnp.ones(x.shape, long_dtype()) if include_self else jnp.zeros(x.shape, long_dtype())
                  ).at[idx].add(1)
         count = jnp.maximum(count, 1)
         if jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.complexfloating):
@@ -266,7 +267,7 @@ def index_reduce(sig, x, dim, index, source, reduce, include_self=True):
         out = base.at[index].min(src)
     else:
         total = base.at[index].add(src)
-        count = jnp.full(xm.shape[:1], 1 if include_self else 0, jnp.int64).at[index].add(1)
+        count = jnp.full(xm.shape[:1], 1 if include_self else 0, long_dtype()).at[index].add(1)
         count = jnp.maximum(count, 1).reshape((-1,) + (1,) * (xm.ndim - 1)).astype(x.dtype)
         if jnp.issubdtype(x.dtype, jnp.inexact):
             out = total / count
@@ -303,7 +304,7 @@ def put(sig, x, index, source, accumulate=False):
     src = source.reshape(-1).astype(x.dtype)
     if accumulate:
         return _add_at(flat, idx, src).reshape(x.shape)
-    last = jnp.full((n,), -1, jnp.int64).at[idx].max(jnp.arange(idx.shape[0], dtype=jnp.int64))
+    last = jnp.full((n,), -1, long_dtype()).at[idx].max(jnp.arange(idx.shape[0], dtype=long_dtype()))
     return jnp.where(last >= 0, src[jnp.maximum(last, 0)], flat).reshape(x.shape)
 
 
@@ -312,9 +313,9 @@ def nonzero_static(sig, x, size, fill_value=-1):
     """The first ``size`` coordinates of nonzero elements in row-major order, the rest
     ``fill_value``: a static shape (``nonzero`` itself stays on the CPU)."""
     if x.ndim == 0:
-        return jnp.zeros((size, 0), jnp.int64)
+        return jnp.zeros((size, 0), long_dtype())
     coords = jnp.nonzero(x, size=size, fill_value=fill_value)
-    return jnp.stack(coords, axis=1).astype(jnp.int64)
+    return jnp.stack(coords, axis=1).astype(long_dtype())
 
 
 # -- segment_reduce ------------------------------------------------------------------------
@@ -330,14 +331,14 @@ def _segments(data, lengths, offsets):
     n = data.shape[axis]
     d = data.reshape((b, n) + data.shape[axis + 1:])
     if lengths is not None:
-        ln = lengths.reshape(b, -1).astype(jnp.int64)
+        ln = lengths.reshape(b, -1).astype(long_dtype())
         end = jnp.cumsum(ln, axis=1)
         start = end - ln
     else:
-        off = offsets.reshape(b, -1).astype(jnp.int64)
+        off = offsets.reshape(b, -1).astype(long_dtype())
         start, end = off[:, :-1], off[:, 1:]
         ln = end - start
-    pos = jnp.arange(n, dtype=jnp.int64)
+    pos = jnp.arange(n, dtype=long_dtype())
     seg = jax.vmap(lambda st: jnp.searchsorted(st, pos, side="right") - 1)(start)
     segc = jnp.clip(seg, 0, ln.shape[1] - 1)
     valid = (seg >= 0) & (pos[None, :] < jnp.take_along_axis(end, segc, axis=1))
@@ -404,7 +405,7 @@ def segment_reduce_backward(sig, grad, output, data, reduce, lengths=None, offse
         gi = g / _bcast(take(ln), d).astype(d.dtype)
     elif reduce in ("max", "min"):
         hit = v & (jnp.isnan(d) | (d == o))
-        count = jax.vmap(lambda h, sg: jax.ops.segment_sum(h.astype(jnp.int64), sg, s))(hit, seg)
+        count = jax.vmap(lambda h, sg: jax.ops.segment_sum(h.astype(long_dtype()), sg, s))(hit, seg)
         c = take(count).astype(d.dtype)
         gi = jnp.where(hit, g, 0)
         gi = jnp.where(hit & (c >= 2) & (gi > 0), gi / jnp.maximum(c, 1), gi)

@@ -811,7 +811,7 @@ def _gelsy_rank(R, rcond):
         return (xmin, xmax, jnp.where(go, snew, smin), jnp.where(go, lnew, smax), rank + go.astype(rank.dtype), go)
 
     alive = r00 != 0
-    init = (e0, e0, r00, r00, alive.astype(jnp.int64), alive)
+    init = (e0, e0, r00, r00, alive.astype(widths.long_dtype()), alive)
     return lax.fori_loop(1, p, step, init)[4]
 
 
@@ -851,7 +851,7 @@ def lstsq(sig, A, B, rcond=None, *, driver=None):
         X = jnp.zeros(batch + (n, k), dt)
         if m > n:
             res = jnp.sum(jnp.abs(_to_batch(B, batch)) ** 2, axis=-2) * (drv != "gels")
-        rank = jnp.zeros(a_batch, jnp.int64)
+        rank = jnp.zeros(a_batch, widths.long_dtype())
         sv = jnp.zeros(a_batch + (mn,), real)
     elif drv == "gels":
         if m >= n:
@@ -872,7 +872,7 @@ def lstsq(sig, A, B, rcond=None, *, driver=None):
     else:
         U, S, Vh = jnp.linalg.svd(A, full_matrices=False)
         keep = _sv_threshold(S, rcond, drv, real)
-        rank = jnp.sum(keep, axis=-1).astype(jnp.int64)
+        rank = jnp.sum(keep, axis=-1).astype(widths.long_dtype())
         sv = S
         inv = jnp.where(keep, 1 / jnp.where(keep, S, 1), 0).astype(dt)
         c = _mm(_mH(_to_batch(U, batch)), _to_batch(B, batch)) * _to_batch(inv, batch, 1)[..., :, None]

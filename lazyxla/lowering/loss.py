@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from ..xla.widths import long_dtype
 from ..xla import precision
 from .nn_helpers import _f, _s, _vjp
 from .program import check_index
@@ -280,20 +281,20 @@ def _ctc_setup(lp, targets, input_lengths, target_lengths, blank, S):
     s from s - 2 (l'[s] != l'[s - 2]) [N, S], log_probs at l' [T, N, S]). The lengths are
     static lists or device values alike."""
     T, N, _ = lp.shape
-    il = jnp.broadcast_to(jnp.asarray(input_lengths).astype(jnp.int64).reshape(-1), (N,))
-    tl = jnp.broadcast_to(jnp.asarray(target_lengths).astype(jnp.int64).reshape(-1), (N,))
+    il = jnp.broadcast_to(jnp.asarray(input_lengths).astype(long_dtype()).reshape(-1), (N,))
+    tl = jnp.broadcast_to(jnp.asarray(target_lengths).astype(long_dtype()).reshape(-1), (N,))
     s_idx = jnp.arange(S)
     j = s_idx // 2
     width = targets.shape[-1] if targets.ndim == 2 else targets.shape[0]
     if width == 0:
-        lab = jnp.full((N, S), blank, jnp.int64)
+        lab = jnp.full((N, S), blank, long_dtype())
     elif targets.ndim == 2:
         lab = jnp.take(targets, jnp.minimum(j, width - 1), axis=1)
     else:  # concatenated: sample b's target starts after the targets before it
         start = jnp.cumsum(tl) - tl
         lab = targets[jnp.clip(start[:, None] + j[None, :], 0, width - 1)]
     odd = (s_idx % 2 == 1)[None, :]
-    ext = jnp.where(odd & (j[None, :] < tl[:, None]), lab, blank).astype(jnp.int64)
+    ext = jnp.where(odd & (j[None, :] < tl[:, None]), lab, blank).astype(long_dtype())
     inside = s_idx[None, :] <= 2 * tl[:, None]
     skip = jnp.concatenate([jnp.zeros((N, min(2, S)), bool), ext[:, 2:] != ext[:, :-2]], axis=1)
     lpe = jnp.take_along_axis(lp, jnp.broadcast_to(ext[None], (T, N, S)), axis=2)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from ..xla.widths import long_dtype
 from ..xla import precision
 from .nn_helpers import _f, _ntuple, _vjp
 from .registry import register, shape_rule
@@ -84,7 +85,7 @@ def _window_max(x, v, valid, index):
         nan = jnp.isnan(v)
         last_nan = v.shape[-1] - 1 - jnp.argmax(nan[..., ::-1], axis=-1)
         pick = jnp.where(jnp.any(nan, axis=-1), last_nan, pick)
-    idx = jnp.take_along_axis(jnp.broadcast_to(jnp.asarray(index, jnp.int64), v.shape),
+    idx = jnp.take_along_axis(jnp.broadcast_to(jnp.asarray(index, long_dtype()), v.shape),
                               pick[..., None], axis=-1)[..., 0]
     return out, idx
 
@@ -316,9 +317,9 @@ def _intervals(sample, n_in, n_out, pool):
     i = jnp.arange(n_out, dtype=sample.dtype)
     if n_out > 1:
         alpha = jnp.asarray(n_in - pool, sample.dtype) / jnp.asarray(n_out - 1, sample.dtype)
-        start = ((i + sample[..., None]) * alpha).astype(jnp.int64) - (sample[..., None] * alpha).astype(jnp.int64)
+        start = ((i + sample[..., None]) * alpha).astype(long_dtype()) - (sample[..., None] * alpha).astype(long_dtype())
     else:
-        start = jnp.zeros(sample.shape + (n_out,), jnp.int64)
+        start = jnp.zeros(sample.shape + (n_out,), long_dtype())
     return start.at[..., n_out - 1].set(n_in - pool) if n_out else start
 
 
@@ -331,7 +332,7 @@ def _fractional_max_pool(x, kernel, out_sz, samples):
     starts = [_intervals(samples[..., order[d]], sp[d], out_sz[d], kernel[d]) for d in range(nd)]
     lead = x.shape[:-nd]
     # flat plane index of every (output position, window offset)
-    flat = jnp.zeros(lead + tuple(out_sz) + tuple(kernel), jnp.int64)
+    flat = jnp.zeros(lead + tuple(out_sz) + tuple(kernel), long_dtype())
     for d in range(nd):
         shp = [1] * nd
         shp[d] = out_sz[d]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ..xla import widths
 from ..xla.client import PRNG_IMPL, jnp_dtype
 from .program import report
 from .registry import register
@@ -20,7 +21,21 @@ from .registry import register
 # integer ops fused into each random op's kernel, which XLA:CPU compiles for 0.3 s per shape (HF
 # BERT depth 2: 2.31 s -> 1.54 s to compile), for ~20% less time drawing the bits
 def _key(seed):
-    return jax.random.key(seed.astype(jnp.uint64) if hasattr(seed, "astype") else seed, impl=PRNG_IMPL)
+    """The key of a seed: its bits as unsigned, 64 of them, or 32 where the seed is held in 32
+    (a uint64 in a 32-bit trace would send the program to the 64-bit one: ``xla.widths``)."""
+    if hasattr(seed, "astype"):
+        seed = seed.astype(jnp.uint64 if seed.dtype == jnp.int64 else jnp.uint32)
+    return jax.random.key(seed, impl=PRNG_IMPL)
+
+
+def _ints(key, shape, low, high):
+    """Integers in [low, high) as the trace holds int64; where that is 32 bits, bounds int32
+    cannot hold are an OverflowError (its op and line added by the program)."""
+    dt = widths.long_dtype()
+    if dt == jnp.int32:
+        widths.check_scalar(low)
+        widths.check_scalar(high - 1)
+    return jax.random.randint(key, shape, low, high, dtype=dt)
 
 
 def _meta(sig, i=0):
@@ -64,7 +79,7 @@ def _randint(sig, *a, __seed__=None, **k):
     shape, dt = _meta(sig)
     ints = [x for x in a if isinstance(x, int)]
     low, high = (0, ints[0]) if len(ints) == 1 else (ints[0], ints[1])
-    return jax.random.randint(_key(__seed__), shape, low, high, dtype=jnp.int64)
+    return _ints(_key(__seed__), shape, low, high)
 
 
 @register("random_.from", "random_.to", "random_.default", "random.from", "random.to", "random.default",
@@ -84,7 +99,7 @@ def _random_(sig, x, *a, __seed__=None, **k):
             high = 2
         else:
             high = int(jnp.iinfo(dt).max) + (1 if jnp.iinfo(dt).bits < 64 else 0)
-    return jax.random.randint(_key(__seed__), shape, low, high, dtype=jnp.int64)
+    return _ints(_key(__seed__), shape, low, high)
 
 
 @register("randperm.default", random=True)
@@ -130,7 +145,7 @@ def _native_dropout_backward(sig, grad, mask, scale):
 @register("multinomial.default", random=True)
 def _multinomial(sig, probs, num_samples, replacement=False, generator=None, __seed__=None):
     p = probs.astype(jnp.float32)
-    zero = jnp.zeros((), jnp.int64)
+    zero = jnp.zeros((), widths.long_dtype())
     report(jnp.any(~jnp.isfinite(p) | (p < 0)), zero, "probability tensor contains either `inf`, `nan` or element < 0")
     report(jnp.any(jnp.sum(p, axis=-1) <= 0), zero, "invalid multinomial distribution (sum of probabilities <= 0)")
     logits = jnp.log(p)

@@ -209,7 +209,7 @@ def _scan_with_index(x, d, better):
     nan = (lambda v: jnp.isnan(v)) if jnp.issubdtype(x.dtype, jnp.inexact) else (lambda v: jnp.zeros(v.shape, bool))
     shape = [1] * x.ndim
     shape[d] = x.shape[d]
-    idx = jnp.broadcast_to(jnp.arange(x.shape[d], dtype=jnp.int64).reshape(shape), x.shape)
+    idx = jnp.broadcast_to(jnp.arange(x.shape[d], dtype=widths.long_dtype()).reshape(shape), x.shape)
 
     def combine(a, b):
         (va, ia), (vb, ib) = a, b

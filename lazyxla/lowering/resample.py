@@ -17,6 +17,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from ..xla.widths import long_dtype
 from ..xla import precision
 from .nn_helpers import _f, _masked, _vjp
 from .registry import register
@@ -345,7 +346,7 @@ def _grid_sample(x, grid, mode, padding, align_corners):
 
     def gather(ints):
         inside = jnp.ones(ints[0].shape, bool)
-        lin = jnp.zeros(ints[0].shape, jnp.int64)
+        lin = jnp.zeros(ints[0].shape, long_dtype())
         for i, sz in zip(ints, sizes):
             inside = inside & (i >= 0) & (i < sz)
             lin = lin * sz + jnp.clip(i, 0, sz - 1)
@@ -353,7 +354,7 @@ def _grid_sample(x, grid, mode, padding, align_corners):
         return vals, inside[:, None, :]
 
     if mode == _NEAREST:
-        vals, inside = gather([jnp.round(cc).astype(jnp.int64) for cc in coords])
+        vals, inside = gather([jnp.round(cc).astype(long_dtype()) for cc in coords])
         out = jnp.where(inside, vals, 0)
     elif mode == _BICUBIC:   # 2-d only: 4 x 4 neighbours, each padded on its own
         return _grid_bicubic(flat, grid, sizes, padding, align_corners, gather).reshape((n, c) + tuple(out_sp))
@@ -365,7 +366,7 @@ def _grid_sample(x, grid, mode, padding, align_corners):
             for bit, cc, lo in zip(bits, coords, lows):
                 f = (cc - lo) if bit else (lo + 1 - cc)
                 w = f if w is None else w * f
-            vals, inside = gather([(lo + bit).astype(jnp.int64) for bit, lo in zip(bits, lows)])
+            vals, inside = gather([(lo + bit).astype(long_dtype()) for bit, lo in zip(bits, lows)])
             out = out + jnp.where(inside, vals * w[:, None, :], 0)
     return out.reshape((n, c) + tuple(out_sp))
 
@@ -394,7 +395,7 @@ def _grid_bicubic(flat, grid, sizes, padding, align_corners, gather):
         elif padding == _REFLECTION:
             cc = _reflect(cc, 0, 2 * (size - 1)) if align_corners else _reflect(cc, -1, 2 * size - 1)
             cc = _clip(cc, size)
-        return jnp.trunc(cc).astype(jnp.int64)
+        return jnp.trunc(cc).astype(long_dtype())
 
     out = None
     for j in range(4):

@@ -90,7 +90,7 @@ def _run(body, carry0, xs, n, reverse, n_ws):
     bufs = tuple(given) + tuple(jax.lax.empty((n,) + o.shape, o.dtype) if empty else
                                 jnp.full((n,) + o.shape, k + 1, o.dtype) for k, o in enumerate(ys[len(given):]))
     nc, ny, nk = len(carry0), len(ys), len(flags)
-    bad0 = (tuple(jnp.zeros((), jnp.bool_) for _ in range(nk)), tuple(jnp.zeros((), jnp.int64) for _ in range(nk)))
+    bad0 = (tuple(jnp.zeros((), jnp.bool_) for _ in range(nk)), tuple(jnp.zeros((), program.row_dtype()) for _ in range(nk)))
 
     def step(i, state):
         carry, bufs, (bad, first) = state
@@ -164,7 +164,7 @@ def lower_loop(loop, env):
         found[:] = [c[2:] for c in checks]
         ys = tuple(vals[j][i] for j, i in outputs)
         flags = tuple(c[0] for c in checks)
-        values = tuple(jnp.asarray(c[1]).astype(jnp.int64) for c in checks)
+        values = tuple(jnp.asarray(c[1]).astype(program.row_dtype()) for c in checks)
         out = _as_carry(vals[out_role], metas) + tuple(vals[r][i] for r, i in nexts)
         out = tuple(jax.lax.convert_element_type(o, t) for o, (t, _) in zip(out, types))
         return out, ys, (flags, values)

@@ -24,9 +24,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from ..xla.widths import long_dtype
 from .registry import register
 
-_I = jnp.int64
 
 
 # ---------------------------------------------------------------------------------------
@@ -109,7 +109,7 @@ def _quickselect(v, k):
         ix = jnp.where(two, ix, _swap(ix2, lo, j))
         return (ix, jnp.where(two, hi, jnp.where(j <= k, i, lo)), jnp.where(two, hi, jnp.where(j >= k, j - 1, hi)))
 
-    init = (jnp.arange(n, dtype=_I), jnp.asarray(0, _I), jnp.asarray(n - 1, _I))
+    init = (jnp.arange(n, dtype=long_dtype()), jnp.asarray(0, long_dtype()), jnp.asarray(n - 1, long_dtype()))
     ix, _, _ = lax.while_loop(lambda s: s[2] > s[1], body, init)
     return v[ix[k]], ix[k]
 
@@ -235,11 +235,11 @@ def _introsort(v):
                                              (ix, st[sp, 0], st[sp, 1], st[sp, 2], st, sp))
         heap = l - f > _THRESHOLD   # the depth limit was reached
         heaps = _put(heaps, count, jnp.where(heap, jnp.stack([f, l]), heaps[count]))
-        return ix, st, sp, heaps, count + heap.astype(_I)
+        return ix, st, sp, heaps, count + heap.astype(long_dtype())
 
-    st = jnp.zeros((depth0 + 2, 3), _I).at[0].set(jnp.asarray([0, n, depth0], _I))
-    heaps = jnp.zeros((n // (_THRESHOLD + 1) + 1, 2), _I)
-    init = (jnp.arange(n, dtype=_I), st, jnp.asarray(1, _I), heaps, jnp.asarray(0, _I))
+    st = jnp.zeros((depth0 + 2, 3), long_dtype()).at[0].set(jnp.asarray([0, n, depth0], long_dtype()))
+    heaps = jnp.zeros((n // (_THRESHOLD + 1) + 1, 2), long_dtype())
+    init = (jnp.arange(n, dtype=long_dtype()), st, jnp.asarray(1, long_dtype()), heaps, jnp.asarray(0, long_dtype()))
     ix, _, _, heaps, count = lax.while_loop(lambda s: s[2] > 0, outer, init)
     return ix, heaps, count
 
@@ -280,7 +280,7 @@ def _heapsort(v, ix, f, length):
     def pop(i, ix):
         last = length - 1 - i
         vix = ix[f + last]
-        return adjust(_put(ix, f + last, ix[f]), jnp.asarray(0, _I), last, vix)
+        return adjust(_put(ix, f + last, ix[f]), jnp.asarray(0, long_dtype()), last, vix)
 
     return lax.fori_loop(0, jnp.maximum(length - 1, 0), pop, ix)
 
@@ -288,9 +288,9 @@ def _heapsort(v, ix, f, length):
 def _mode_sorted(arr, ix):
     """The mode of sorted pairs: the first longest run, and the index of its last pair."""
     n = arr.shape[-1]
-    pos = jnp.arange(n, dtype=_I)
+    pos = jnp.arange(n, dtype=long_dtype())
     ends = jnp.concatenate([arr[..., :-1] != arr[..., 1:], jnp.ones(arr.shape[:-1] + (1,), bool)], axis=-1)
-    starts = jnp.concatenate([jnp.zeros(arr.shape[:-1] + (1,), _I),
+    starts = jnp.concatenate([jnp.zeros(arr.shape[:-1] + (1,), long_dtype()),
                               jnp.where(ends[..., :-1], pos[:-1] + 1, 0)], axis=-1)
     run = pos - lax.cummax(starts, axis=starts.ndim - 1) + 1
     best = jnp.argmax(jnp.where(ends, run, 0), axis=-1)
@@ -302,7 +302,7 @@ def _insertion_sort(v, ix):
     """libstdc++'s ``__final_insertion_sort`` of a permutation: guarded for the first 16
     positions (an element smaller than the first goes to the front), unguarded after."""
     n = ix.shape[0]
-    p = jnp.arange(n, dtype=_I)
+    p = jnp.arange(n, dtype=long_dtype())
 
     def insert(i, ix):
         vix = ix[i]
@@ -322,7 +322,7 @@ def _std_sort_row(v):
         ix, heaps, count = _introsort(v)
         ix = lax.fori_loop(0, count, lambda h, ix: _heapsort(v, ix, heaps[h, 0], heaps[h, 1] - heaps[h, 0]), ix)
     else:
-        ix = jnp.arange(n, dtype=_I)
+        ix = jnp.arange(n, dtype=long_dtype())
     # the final insertion sort is a stable sort while the values are ordered (no NaN)
     return lax.cond(jnp.any(_isnan(v)), lambda ix: _insertion_sort(v, ix),
                     lambda ix: ix[jnp.argsort(v[ix], stable=True)], ix)
@@ -335,6 +335,6 @@ def mode(sig, x, dim=-1, keepdim=False):
     srt = jnp.take_along_axis(rows, order, axis=1)
     # Where no value repeats (and none is NaN), every sort gives the same order.
     odd = jnp.any(srt[:, :-1] == srt[:, 1:]) | jnp.any(_isnan(rows))
-    ix = lax.cond(odd, lambda r: _per_row(_std_sort_row, r), lambda r: order.astype(_I), rows)
+    ix = lax.cond(odd, lambda r: _per_row(_std_sort_row, r), lambda r: order.astype(long_dtype()), rows)
     v, i = _mode_sorted(jnp.take_along_axis(rows, ix, axis=1), ix)
     return _unrows(v, lead, d, keepdim), _unrows(i, lead, d, keepdim)

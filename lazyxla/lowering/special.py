@@ -13,10 +13,13 @@ the polynomials.
 
 Dtypes: float32 and float64 inputs are computed in float64 and rounded once (PyTorch's
 kernels for these functions accumulate in double or are accurate to a few float32 steps);
-float16/bfloat16 in float32. Where PyTorch's value depends on a rounding in the input
-dtype (the phase ``x - pi/4`` of the Bessel asymptotics, ``x * x`` in ``erfcx``, the
-polynomials, which PyTorch evaluates in the input dtype), that rounding is kept. Touches
-only the registry.
+float16/bfloat16 in float32. Where the device emulates float64 (a TPU) so is that float64:
+these algorithms' series and recurrences overflow or cancel in float32 (``bessel_j0``,
+``bessel_y1``, ``zeta`` and ``erfcx`` gave nan or 0 on a grid of float32 inputs computed
+so), so there their programs take longer to compile, and stay right. Where PyTorch's value
+depends on a rounding in the input dtype (the phase ``x - pi/4`` of the Bessel asymptotics,
+``x * x`` in ``erfcx``, the polynomials, which PyTorch evaluates in the input dtype), that
+rounding is kept. Touches only the registry.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.special as jss
 
-from ..xla import precision
+from ..xla import precision, widths
 from ..xla.client import jnp_dtype
 from .registry import register
 
@@ -467,7 +470,7 @@ def zeta(x, q):
         return (i + 1, jnp.where(done, a, a2), jnp.where(done, b, b2), jnp.where(done, s, s2),
                 done | stop, conv | (c & ~done))
 
-    _, a, b, s, done, conv = jax.lax.while_loop(cond, body, (jnp.asarray(0, jnp.int64), q, zero, s, edge, edge))
+    _, a, b, s, done, conv = jax.lax.while_loop(cond, body, (jnp.asarray(0, widths.long_dtype()), q, zero, s, edge, edge))
     w = a
     t_s = s + b * w / (x - 1) - 0.5 * b
     fin = conv
@@ -651,7 +654,7 @@ def _recurrence(x, n, p0, p1, step, run):
         on = live & (k <= n)
         return k + 1, jnp.where(on, q, p), jnp.where(on, r, q)
 
-    _, _, q = jax.lax.while_loop(cond, body, (jnp.asarray(2, jnp.int64), p0, p1))
+    _, _, q = jax.lax.while_loop(cond, body, (jnp.asarray(2, widths.long_dtype()), p0, p1))
     return jnp.where(n == 0, p0, jnp.where(n == 1, p1, q))
 
 

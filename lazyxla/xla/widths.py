@@ -95,6 +95,15 @@ def long_bits() -> int:
     return RULES.get(_platform(), (64, ""))[0]
 
 
+def long_dtype():
+    """The JAX dtype a lowering names for PyTorch's int64 (an index, a count, a position, an
+    int64 result): int32 inside a 32-bit trace (``scope``), int64 otherwise. Asked for by name as
+    ``jnp.int64``, the value would keep 64 bits in that trace and send the whole program to the
+    64-bit trace (``holds_int64``): every ``s64`` split in two on a TPU, seconds more to compile.
+    A lowering whose value needs 64 bits whatever the width (a hash's bits) names ``jnp.int64``."""
+    return jax.dtypes.canonicalize_dtype(np.int64)
+
+
 def float64_native() -> bool:
     """Whether this process's device computes float64 natively (``FLOAT64_NATIVE``)."""
     return FLOAT64_NATIVE.get(_platform(), False)
