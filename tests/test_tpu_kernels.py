@@ -1,8 +1,14 @@
-"""Pallas kernels for the TPU (``lazyxla.lowering.tpu_kernels``), run here by Pallas' interpreter
-(``LAZYXLA_TPU_KERNELS=interpret``, in a process of its own: the mode is read once): attention
-whose call fits the splash attention kernel's rules is computed by it, forward and backward,
-with eager's values and gradients; a call that does not fit keeps the XLA lowering, and the mode
-is part of the compile environment (the key) only when kernels replace lowerings."""
+"""Pallas kernels for the TPU (``lazyxla.lowering.tpu_kernels``): attention whose call fits the
+splash attention kernel's rules is computed by it, forward and backward, with eager's values and
+gradients; a call that does not fit keeps the XLA lowering, and the mode is part of the compile
+environment (the key) only when kernels replace lowerings.
+
+On XLA:CPU the kernels run in Pallas' interpreter (``LAZYXLA_TPU_KERNELS=interpret``, in a
+process of its own: the mode is read once), beside a process with them ``off``. On a TPU the same
+script runs in this process, with the kernels compiled for the chip (``on``, the default): the
+programs hold them as TPU custom calls."""
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -10,6 +16,8 @@ import sys
 import textwrap
 
 import pytest
+
+from conftest import ON_CPU
 
 SCRIPT = textwrap.dedent("""
     import json, sys, torch, torch.nn.functional as F, lazyxla
@@ -33,7 +41,8 @@ SCRIPT = textwrap.dedent("""
                     lazyxla.sync()
                 res[str(dev)] = [t.detach().float().cpu() for t in [o] + [t.grad for t in ins]]
             err = max(float(((a - b).abs() / (b.abs() + 1)).max()) for a, b in zip(res["cpu"], res[str(d)]))
-            out[f"{name}-{str(dt)[6:]}"] = {"err": err, "loops": text.count(" while(")}
+            out[f"{name}-{str(dt)[6:]}"] = {"err": err, "loops": text.count(" while("),
+                                             "kernels": text.count("tpu_custom_call")}
     x = torch.ones(2, 8).to(d)
     out["key"] = lazyxla.graph_hash([x * 3])
     print(json.dumps(out))
@@ -52,27 +61,47 @@ def _result(p):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _here():
+    """The script in this process (on a TPU: its kernels are the chip's)."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(SCRIPT, {"__name__": "tpu_kernels_script"})  # noqa: S102 (the test's own script)
+    return json.loads(printed.getvalue().strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def runs():
+    if not ON_CPU:
+        return {"on": _here()}
     started = {mode: _start(mode) for mode in ("interpret", "off")}  # side by side: one core each
     return {mode: _result(p) for mode, p in started.items()}
 
 
 def test_fitting_calls_run_the_kernel_with_eagers_values_and_gradients(runs):
-    got, off = runs["interpret"], runs["off"]
     for case in ("causal", "plain", "gqa"):
         for dt, tol in (("float32", 2e-4), ("bfloat16", 4e-2)):
-            r = got[f"{case}-{dt}"]
+            if ON_CPU:
+                r, off = runs["interpret"][f"{case}-{dt}"], runs["off"][f"{case}-{dt}"]
+                assert r["loops"] > off["loops"], (case, dt)  # the kernel's grid, interpreted
+            else:
+                r = runs["on"][f"{case}-{dt}"]
+                assert r["kernels"] > 0, (case, dt, r)  # the chip's kernels, forward and backward
             assert r["err"] < tol, (case, dt, r)
-            assert r["loops"] > off[f"{case}-{dt}"]["loops"], (case, dt)  # the kernel's grid, interpreted
 
 
 def test_a_call_that_does_not_fit_keeps_the_xla_lowering(runs):
     for dt, tol in (("float32", 2e-4), ("bfloat16", 4e-2)):  # 100 is no multiple of the kernel's block
-        got, off = runs["interpret"][f"short-{dt}"], runs["off"][f"short-{dt}"]
-        assert got["loops"] == off["loops"] and got["err"] < tol, (dt, got, off)
+        if ON_CPU:
+            got, off = runs["interpret"][f"short-{dt}"], runs["off"][f"short-{dt}"]
+            assert got["loops"] == off["loops"], (dt, got, off)
+        else:
+            got = runs["on"][f"short-{dt}"]
+            assert got["kernels"] == 0, (dt, got)
+        assert got["err"] < tol, (dt, got)
 
 
+@pytest.mark.cpu_only("compares the keys of two processes on XLA:CPU, the interpreter's and the kernels' off; "
+                      "the rule is host code")
 def test_the_mode_is_part_of_the_key_only_when_kernels_replace_lowerings(runs):
     """``interpret`` changes programs: its own key. ``on``, the default, changes programs only on
     a TPU: on a CPU its programs, and their keys, are ``off``'s."""
@@ -86,7 +115,31 @@ def test_the_mode_is_part_of_the_key_only_when_kernels_replace_lowerings(runs):
     assert mode == "off" and key == runs["off"]["key"]
 
 
+@pytest.mark.cpu_only("reads the variable in a process on XLA:CPU: host code")
 def test_an_unknown_mode_is_refused_naming_the_variable():
     env = dict(os.environ, LAZYXLA_TPU_KERNELS="fast", JAX_PLATFORMS="cpu")
     r = subprocess.run([sys.executable, "-c", "import lazyxla"], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "LAZYXLA_TPU_KERNELS='fast': one of off, on, interpret" in r.stderr
+
+
+def test_the_kernels_products_stay_one_bfloat16_pass_at_any_setting():
+    """A program is traced at the matmul precision's setting (``xla.precision.scope``); the
+    kernels, which run only where one bfloat16 pass is the products' precision, keep it: at
+    ``'highest'`` their products asked Mosaic for float32 contraction, which a v5e refused for
+    bfloat16 attention. Checked in the traced kernels (no lowering needed)."""
+    import jax
+    import jax.numpy as jnp
+    from lazyxla.lowering import tpu_kernels
+    from lazyxla.xla import precision
+    q = jnp.ones((1, 2, 128, 64), jnp.bfloat16)
+    was = precision.get_mat_mul_precision()
+    try:
+        precision.set_mat_mul_precision("highest")
+        with precision.scope():
+            text = str(jax.make_jaxpr(lambda a, b, c: tpu_kernels.attention_backward(a, a, b, c, True, 0.125))(q, q, q))
+            outside = str(jax.make_jaxpr(lambda a, b: jnp.einsum("qd,kd->qk", a, b))(q[0, 0], q[0, 0]))
+    finally:
+        precision.set_mat_mul_precision(was)
+    assert text.count("pallas_call") >= 2 and "dot_general" in text
+    assert "HIGHEST" not in text
+    assert "HIGHEST" in outside  # the setting still reaches the program's own products

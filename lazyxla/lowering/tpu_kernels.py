@@ -47,8 +47,12 @@ def _active() -> bool:
 @contextlib.contextmanager
 def _scope():
     """A kernel's trace: 32-bit JAX (the kernels index in int32; lazyxla runs JAX with 64-bit
-    types), and Pallas' interpreter in ``interpret`` mode."""
-    with jax.enable_x64(False):
+    types), products at the kernel's own precision, and Pallas' interpreter in ``interpret``
+    mode. The kernels run only where one bfloat16 pass is the products' precision (``RULES``):
+    traced under a program's ``'high'`` or ``'highest'`` (``xla.precision.scope``), their
+    bfloat16 products would ask Mosaic for float32 contraction, which it refuses ("failed to
+    legalize"; a v5e, bfloat16 attention at ``'highest'``)."""
+    with jax.enable_x64(False), jax.default_matmul_precision("default"):
         if tpu_kernels_mode() == "interpret":
             from jax.experimental.pallas import tpu as pltpu
             with pltpu.force_tpu_interpret_mode():
