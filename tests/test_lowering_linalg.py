@@ -8,12 +8,15 @@ only up to sign (phase, for complex ones), are compared after aligning each vect
 """
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 import torch
 
 import lazyxla
 import lazyxla.debug.metrics as met
 from lazyxla.frontend.signature import LazyXlaError
+from lazyhelp import json_runs
 
 DEV = lazyxla.device()
 F32 = dict(rtol=1e-4, atol=1e-4)
@@ -250,6 +253,28 @@ def test_eig_complex_results():
     for (w, V), (gw, v) in zip(want[:2], got[:2]):
         torch.testing.assert_close(gw, w, **F32)   # LAPACK's order
         torch.testing.assert_close(v * _align(v, V, -2), V, **F32)
+
+
+def test_eig_runs_on_the_cpu_where_it_does_not_compile():
+    """XLA's TPU compiler has no nonsymmetric eigendecomposition (``linalg.eig`` failed to compile
+    on a v5e): there the op runs on the CPU, counted as ``aten::linalg_eig``, with eager's values,
+    while eigh stays lowered. The platform is simulated in a process of its own."""
+    code = textwrap.dedent("""
+        import json, torch, lazyxla
+        import lazyxla.debug.metrics as met
+        from lazyxla.frontend import signature
+        signature._platform = lambda: "tpu"
+        x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+        d = lazyxla.device()
+        w, v = torch.linalg.eig(x.to(d))
+        h = torch.linalg.eigvalsh((x @ x.T).to(d))
+        print(json.dumps([met.counter_value("aten::linalg_eig"), met.counter_value("aten::_linalg_eigh"),
+                          torch.allclose(w.cpu(), torch.linalg.eig(x)[0]), type(w).__name__,
+                          torch.allclose(h.cpu(), torch.linalg.eigvalsh(x @ x.T), atol=1e-4)]))
+    """)
+    eig, eigh, same, kind, same_h = json_runs(code, JAX_PLATFORMS="cpu")[0]
+    assert eig == 1 and not eigh
+    assert same and same_h and kind == "LazyTensor"
 
 
 def test_pinv():

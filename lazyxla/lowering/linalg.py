@@ -642,13 +642,15 @@ def eigh(sig, A, UPLO="L", compute_v=True):
     return w, (v if compute_v else _empty(sig, 1))
 
 
-@register("linalg_eig.default")
+# XLA's TPU compiler has no nonsymmetric eigendecomposition (a v5e: "could not compile"): on a
+# TPU linalg.eig and eigvals run on the CPU (``registry.PLATFORMS``)
+@register("linalg_eig.default", platforms=("cpu", "gpu"))
 def eig(sig, A):
     w, v = lax.linalg.eig(A, compute_left_eigenvectors=False, compute_right_eigenvectors=True)
     return w, v
 
 
-@register("_linalg_eigvals.default")
+@register("_linalg_eigvals.default", platforms=("cpu", "gpu"))
 def eigvals(sig, A):
     return lax.linalg.eig(A, compute_left_eigenvectors=False, compute_right_eigenvectors=False)[0]
 

@@ -3,7 +3,7 @@
 ``register`` fills them (every family module imports it from here, never from the package):
 ``LOWERINGS`` (op -> lowering), ``RANDOM`` (ops that receive the step's seed),
 ``STATIC_ARGS`` (scalar arguments hashed into the node) and ``ZERO_D_AS_VECTOR`` (ops run on
-0-d operands as 1-element vectors); ``shape_rule`` fills ``SHAPE_RULES`` (output shapes of
+0-d operands as 1-element vectors); ``PLATFORMS`` (ops lowered on some platforms only); ``shape_rule`` fills ``SHAPE_RULES`` (output shapes of
 ops PyTorch has no meta kernel for); ``output_dtypes`` fills ``OUTPUT_DTYPES`` (the CPU kernel's
 output dtypes where its meta kernel says others). ``DECOMPOSITIONS`` holds PyTorch's decomposition table,
 loaded when this module is imported (``amp`` adds the gradient scaler's two ops to it).
@@ -42,6 +42,10 @@ SHAPE_RULES: dict = {}
 # ``rule(*args, **kwargs)``, called with the op's arguments, returns a dtype per output (None:
 # the meta kernel's). The node's outputs take them; the program casts its results to them.
 OUTPUT_DTYPES: dict = {}
+# Ops whose lowering compiles on some platforms only: op -> the platforms (``jax.Device``'s
+# ``platform``). Elsewhere ``get`` says there is none, and the op runs on the CPU (R1.7,
+# counted as ``aten::<op>``), as torch_xla's TPU runs what XLA has no kernel for.
+PLATFORMS: dict = {}
 
 
 def _resolve(op):
@@ -58,12 +62,15 @@ def _resolve(op):
     raise TypeError(op)
 
 
-def register(*ops, random=False, static=(), zero_d=None):
-    """Decorator: ``@register("add.Tensor", aten.sub.Tensor, ..., static=("ord",))``."""
+def register(*ops, random=False, static=(), zero_d=None, platforms=None):
+    """Decorator: ``@register("add.Tensor", aten.sub.Tensor, ..., static=("ord",))``;
+    ``platforms``: where the lowering compiles, when not everywhere (``PLATFORMS``)."""
     def deco(fn):
         for op in ops:
             for o in _resolve(op):
                 LOWERINGS[o] = fn
+                if platforms is not None:
+                    PLATFORMS[o] = frozenset(platforms)
                 if random:
                     RANDOM.add(o)
                 if static:
@@ -94,8 +101,13 @@ def output_dtypes(*ops):
     return deco
 
 
-def get(func):
-    return LOWERINGS.get(func)
+def get(func, platform=None):
+    """``func``'s lowering, or None; with ``platform``, None where it does not compile there
+    (``PLATFORMS``)."""
+    low = LOWERINGS.get(func)
+    if low is not None and platform is not None and platform not in PLATFORMS.get(func, (platform,)):
+        return None
+    return low
 
 
 def is_random(func) -> bool:
