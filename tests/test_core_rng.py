@@ -202,7 +202,8 @@ def test_default_seed_is_101():
 def test_each_random_op_draws_from_the_next_seed_of_the_chain():
     """R8: the k-th random op of a step takes seed_k = 2531011 + 214013 * seed_(k-1) (wrapping at
     the width the device holds int64 in: 64 bits, or 32 on a TPU, ``xla.widths``) from the step's
-    seed: its numbers are JAX's for that seed (the key takes it as a 64-bit unsigned value)."""
+    seed: its numbers are JAX's for that seed (the key takes its bits as an unsigned value of that
+    width)."""
     import jax
     import jax.numpy as jnp
     from lazyxla.xla.client import PRNG_IMPL
@@ -215,9 +216,8 @@ def test_each_random_op_draws_from_the_next_seed_of_the_chain():
     s, bits = 77, long_bits()
     for g in got:
         s = (2531011 + 214013 * s) % (1 << bits)
-        signed = s - (1 << bits) if s >> (bits - 1) else s  # the device's int64, held in ``bits``
-        want = jax.random.uniform(jax.random.key(jnp.uint64(signed % (1 << 64)), impl=PRNG_IMPL),
-                                  (n,), jnp.float32)
+        seed = jnp.uint64(s) if bits == 64 else jnp.uint32(s)  # the device's int64's bits, held in ``bits``
+        want = jax.random.uniform(jax.random.key(seed, impl=PRNG_IMPL), (n,), jnp.float32)
         assert torch.equal(g.cpu(), torch.from_numpy(jax.device_get(want).copy()))
 
 
