@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import re
 
+import torch
+
 from . import fused as optimizer_fused, adam as optimizer_stacks
 from ..frontend import param_moves
 from ..rolling import settings as rolling
@@ -42,6 +44,11 @@ from ..config import env_flag
 from .state import host_rewrites_allowed
 
 ENABLED = env_flag("LAZYXLA_STACK_PARAMS", True)
+# SGD's roles are stacked from this many members on, rolled or not: its step is elementwise, so
+# a stack costs it nothing, and a replayed step passes one buffer per stack instead of a
+# parameter, a momentum buffer and a gradient per member (issue 52: a replayed 8-layer MLP's
+# step measured in ``bench/hostcost.py``)
+SGD_MIN_ROWS = 8
 
 
 def role(name: str) -> str:
@@ -49,8 +56,19 @@ def role(name: str) -> str:
     return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.)", "#", name)
 
 
+def min_members(opt) -> int | None:
+    """The fewest alike parameters stacked for this optimizer's groups (None: none are): SGD's
+    ``SGD_MIN_ROWS``; Adam's and AdamW's ``rolling.MIN_ITERATIONS`` while layers roll."""
+    if type(opt) is torch.optim.SGD:
+        return SGD_MIN_ROWS
+    return max(rolling.MIN_ITERATIONS, 2) if rolling.ENABLED else None
+
+
 def _group_added(opt, group) -> None:
-    if not (ENABLED and optimizer_stacks.ENABLED and rolling.ENABLED) or not optimizer_fused.steps_fused(opt, group):
+    if not (ENABLED and optimizer_stacks.ENABLED) or not optimizer_fused.steps_fused(opt, group):
+        return
+    least = min_members(opt)
+    if least is None:
         return
     if not host_rewrites_allowed():
         return
@@ -61,7 +79,7 @@ def _group_added(opt, group) -> None:
             by.setdefault((tuple(p.shape), p.dtype, role(name)), []).append(p)
     aliased = None
     for members in by.values():
-        if len(members) < max(rolling.MIN_ITERATIONS, 2):
+        if len(members) < least:
             continue
         if aliased is None:
             aliased = stacks.aliased([group["params"]])
