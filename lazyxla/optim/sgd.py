@@ -21,7 +21,19 @@ buffers: the gradient, exactly, and one graph for every step. A call whose buffe
 fresh and partly not is recorded as two nodes. A call that does pass the flag (the rewrite off)
 is recorded with it.
 
-May touch: the tensors the call writes (their new IR), metrics counters. Records through
+Stacks (issue 52): parameters that are every row of one stack, in order (``param_stacks``), are
+one operand and one output of the node, and so are their momentum buffers (stacked at the first
+step, ``MomentsStacked``, as Adam's moments are) and their gradients: separate gradients are
+made the rows of a stack the program computes (``stacks.stack_pending``, ``GradsStacked``), so
+each ``.grad`` is a view of its row and the program returns one buffer where it returned one per
+parameter. The step is elementwise, so the lowering takes a stack as it takes a tensor. A group
+whose rows are not all there (a parameter without a gradient) or whose buffers or gradients
+cannot be stacked (an alias, a layout) steps its members one by one. Gradients are made rows only
+where ``optimizer_state.step_made_rewrites_allowed`` says so (inside a capture: gradients made
+in it).
+
+May touch: the tensors the call writes (their new IR), its gradients and buffers (made rows of
+stacks: ``stacks``), metrics counters. Records through
 ``ops``' table (``install``).
 """
 from __future__ import annotations
