@@ -21,13 +21,15 @@ layers), in this one run, ms per step of:
 - replay-no-grads: as replay, the step clearing the gradients at its end instead of its start
   (``opt.zero_grad(set_to_none=True)`` last): no ``.grad`` is left, so its program returns what
   jax.jit's returns.
-Then each row's ratio to jax.jit and what it adds per layer (the slope between the smallest and
-the largest depth), as the median and as the best of ``--repeats`` interleaved runs (this
+Then each row's ratio to jax.jit, what it adds per layer (the slope between the smallest and
+the largest depth) and its fixed cost (that line at depth 0), each beside jax.jit's, as the
+median and as the best of ``--repeats`` interleaved runs (this
 machine's speed moves by 2x within minutes), and where a replay's time goes (binding the
 buffers, JAX's dispatch, the outputs and the end of the step), and where a torch.compile'd
 step's time goes by depth (PyTorch's machinery; lazyxla's region calls, ops recorded one by
 one and sync; JAX's call).
-Issue 22's target: replay <= 1.5x jax.jit at every depth. A PyTorch step leaves every ``.grad``
+Issue 52's targets: replay-step <= 1.3x jax.jit at depth 32 and <= 1.5x at depth 8, its cost
+per layer <= 1.5x jax.jit's (``--depths 8,32``). Issue 22's: replay <= 1.5x jax.jit at every depth. A PyTorch step leaves every ``.grad``
 live, so its program must return the gradients too: compare replay with jax.jit+grads, and
 replay-no-grads with jax.jit. Issue 23's: the compiled step <= 3x jax.jit at the largest depth
 and per layer.
@@ -274,6 +276,19 @@ def replay_phases(depth, n):
     return {k: statistics.median(r[k] for r in rows) * 1e3 for k in rows[0]}
 
 
+def slope_and_fixed(val, row, lo, hi):
+    """A row's cost per layer (the slope between depths ``lo`` and ``hi``, ms) and its fixed cost
+    (that line at depth 0: what a step costs besides its layers)."""
+    if hi == lo:
+        return float("nan"), float("nan")
+    slope = (val[(row, hi)] - val[(row, lo)]) / (hi - lo)
+    return slope, val[(row, lo)] - slope * lo
+
+
+def _ratio(a, b):
+    return a / b if b else float("nan")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--depths", default="2,8,32")
@@ -294,13 +309,14 @@ def main(argv=None):
         val = {k: pick(v) for k, v in times.items()}
         print(f"deep narrow MLP (width {WIDTH}, batch {BATCH}, SGD momentum), ms per step "
               f"({how} of {args.repeats} interleaved runs), x jax.jit in brackets")
-        print(f"{'':15}" + "".join(f"{'depth ' + str(d):>20}" for d in depths) + f"{'per layer':>20}")
+        print(f"{'':15}" + "".join(f"{'depth ' + str(d):>20}" for d in depths) + f"{'per layer':>20}"
+              f"{'fixed':>20}")
         lo, hi = depths[0], depths[-1]
+        jslope, jfixed = slope_and_fixed(val, "jax.jit", lo, hi)
         for r in names:
             cells = "".join(f"{val[(r, d)]:10.3f} ({val[(r, d)] / val[('jax.jit', d)]:5.2f}x)" for d in depths)
-            slope = (val[(r, hi)] - val[(r, lo)]) / (hi - lo) if hi != lo else float("nan")
-            jslope = (val[("jax.jit", hi)] - val[("jax.jit", lo)]) / (hi - lo) if hi != lo else float("nan")
-            print(f"{r:15}{cells}{slope:11.4f} ({slope / jslope if jslope else float('nan'):5.2f}x)")
+            slope, fixed = slope_and_fixed(val, r, lo, hi)
+            print(f"{r:15}{cells}{slope:11.4f} ({_ratio(slope, jslope):5.2f}x){fixed:11.3f} ({_ratio(fixed, jfixed):5.2f}x)")
         print()
     for kind in ("step", "model"):
         if f"compile-{kind}" in names:

@@ -170,7 +170,7 @@ def test_the_environment_page_lists_what_the_code_reads():
 
 COUNTER = [re.compile(r'counter_inc\(\s*"([A-Za-z]\w*)"'),
            re.compile(r'_?[cC][oO][uU][nN][tT][eE][rR][sS]\[\s*"([A-Za-z]\w*)"\s*\]'),  # COUNTERS["X"] = ...
-           re.compile(r'stacks?\.stack\([^()]*,\s*"([A-Za-z]\w*)"\)')]                 # stacks.stack(m, "X")
+           re.compile(r'stacks?\.stack(?:_pending)?\([^()]*,\s*"([A-Za-z]\w*)"\)')]     # stacks.stack(m, "X")
 METRIC = [re.compile(r'(?:metric_add|metric_add_many|timed|pending_samples)\(\s*"([A-Za-z]\w*)"')]
 
 

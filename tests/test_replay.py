@@ -207,7 +207,7 @@ def test_frozen_lists_python_numbers_with_the_users_line():
     _, _, _, _, g, _, _, _ = _warm_and_capture(w, batches(2, w))
     frozen = g.frozen()
     kinds = " | ".join(str(f) for f in frozen)
-    assert "the Python number 0.9" in kinds  # SGD's momentum
+    assert "the Python number 0.1" in kinds  # SGD's lr (its fused step's: momentum is a setting of the node)
     assert all(f.where and f.where[0].endswith("test_replay.py") for f in frozen), kinds
     assert all(f.where[1] == train_step.__code__.co_firstlineno + 3 for f in frozen), kinds  # opt.step()
 

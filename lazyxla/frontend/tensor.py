@@ -129,9 +129,13 @@ class LazyTensor(torch.Tensor):
         if u is None:
             m = st.meta
             u = st.untyped = DeviceStorage.make(m.numel * m.dtype.itemsize)
-        if type(u) is dict:
-            row = u.get(id(s.chain))
-            return row if row is not None else u[None]
+        if type(u) is dict:  # a stack's: each row's own, made when first asked (None until then)
+            k = id(s.chain) if id(s.chain) in u else None
+            row = u[k]
+            if row is None:
+                m = s.meta if k is not None else st.meta
+                row = u[k] = DeviceStorage.make(m.numel * m.dtype.itemsize)
+            return row
         return u
 
     def data_ptr(self):

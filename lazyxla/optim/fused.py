@@ -1,13 +1,17 @@
-"""Which kernel an optimizer steps with: Adam and AdamW left to their default step fused.
+"""Which kernel an optimizer steps with: Adam, AdamW and SGD left to their default step fused.
 
 PyTorch picks an optimizer's implementation when the user leaves ``foreach`` and ``fused``
 unset: on a device that registers foreach kernels, as lazyxla's does, the ``foreach`` one. On
 a lazy device every op is traced, so the foreach step of Adam or AdamW records about twelve ops
 per parameter each step (BERT with 4 layers of 256: ~800 ops, tens of ms of the step's host
 time), and XLA gets them as separate updates. Its fused step, ``_fused_adam(w)_``, is one node
-for all parameters (``lowering.optim``), computing what PyTorch's CPU kernel computes.
+for all parameters (``lowering.optim``), computing what PyTorch's CPU kernel computes. SGD's
+foreach step records two or three ops per parameter; its fused step, ``_fused_sgd_``, is one
+node too (``optimizer_sgd``), and only a fused step reads and writes a stack of parameters,
+momentum buffers and gradients whole (``param_stacks``): a replayed SGD step then passes a
+stack, not a buffer per parameter (issue 52).
 
-So at the first step of an ``Adam`` or ``AdamW`` whose parameters are all on the lazy device,
+So at the first step of an ``Adam``, ``AdamW`` or ``SGD`` whose parameters are all on the lazy device,
 every group that left ``foreach`` and ``fused`` unset, and asks nothing the fused kernel lacks
 (``differentiable``, a tensor ``lr``, complex parameters), is set ``fused=True`` (counter
 ``OptimizerFusedByDefault``), before any state exists, so the state is made for that kernel. A
@@ -28,7 +32,7 @@ from ..config import env_flag
 from ..frontend.tensor import LazyTensor
 
 ENABLED = env_flag("LAZYXLA_FUSED_OPTIMIZER", True)
-KINDS = (torch.optim.Adam, torch.optim.AdamW)  # the optimizers with a fused kernel lazyxla lowers
+KINDS = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)  # the optimizers with a fused kernel lazyxla lowers
 _seen: "weakref.WeakSet" = weakref.WeakSet()
 
 

@@ -21,7 +21,19 @@ buffers: the gradient, exactly, and one graph for every step. A call whose buffe
 fresh and partly not is recorded as two nodes. A call that does pass the flag (the rewrite off)
 is recorded with it.
 
-May touch: the tensors the call writes (their new IR), metrics counters. Records through
+Stacks (issue 52): parameters that are every row of one stack, in order (``param_stacks``), are
+one operand and one output of the node, and so are their momentum buffers (stacked at the first
+step, ``MomentsStacked``, as Adam's moments are) and their gradients: separate gradients are
+made the rows of a stack the program computes (``stacks.stack_pending``, ``GradsStacked``), so
+each ``.grad`` is a view of its row and the program returns one buffer where it returned one per
+parameter. The step is elementwise, so the lowering takes a stack as it takes a tensor. A group
+whose rows are not all there (a parameter without a gradient) or whose buffers or gradients
+cannot be stacked (an alias, a layout) steps its members one by one. Gradients are made rows only
+where ``optimizer_state.step_made_rewrites_allowed`` says so (inside a capture: gradients made
+in it).
+
+May touch: the tensors the call writes (their new IR), its gradients and buffers (made rows of
+stacks: ``stacks``), metrics counters. Records through
 ``ops``' table (``install``).
 """
 from __future__ import annotations
@@ -30,8 +42,8 @@ import torch
 
 from .. import lowering
 from ..frontend import ops
-from . import state as optimizer_state
-from ..run.storage import scalar_value
+from . import stacks, state as optimizer_state
+from ..run.storage import Storage, scalar_value
 from ..frontend.tensor import LazyTensor, reroute
 
 aten = torch.ops.aten
@@ -58,6 +70,50 @@ def record(func, info, args, kwargs):
     return None
 
 
+def _stacked(params, grads, bufs, first):
+    """The call's parameters, gradients and buffers as the step reads them: per item, a tensor
+    or the storage of a stack. Parameters that are every row of one stack in order
+    (``param_stacks``) are one item, with their buffers' stack (those stacked here first where
+    they are device data: ``MomentsStacked``) and their gradients' (made here from separate
+    gradients: ``GradsStacked``); where either cannot be, they are items one by one."""
+    by, single = {}, []
+    for i, p in enumerate(params):
+        r = stacks.row_of(p)
+        if r is None:
+            single.append(i)
+        else:
+            by.setdefault(id(r[0]), (r[0], r[2], []))[2].append((r[1], i))
+    if not by or first:  # (a first step that clones its gradients: the rewrite that avoids it is off)
+        return params, grads, bufs
+    items = [(i, params[i], grads[i], bufs[i]) for i in single]
+    moments = bufs[0] is not None
+    aliased = None
+    for st, n, got in by.values():
+        ix = [i for _, i in got]
+        g_st = b_st = None
+        if [k for k, _ in got] == list(range(n)):
+            gs, bs = [grads[i] for i in ix], [bufs[i] for i in ix]
+            g_st = stacks.stack_of(gs)
+            b_st = stacks.stack_of(bs) if moments else True
+            if (g_st is None or b_st is None) and aliased is None:
+                aliased = stacks.aliased([gs, bs] if moments else [gs])
+            if b_st is None and optimizer_state.host_rewrites_allowed() and stacks.can_stack(bs, aliased):
+                b_st = stacks.stack(bs, "MomentsStacked")
+            if g_st is None and b_st is not None and optimizer_state.step_made_rewrites_allowed(gs) \
+                    and stacks.can_stack_pending(gs, aliased):
+                g_st = stacks.stack_pending(gs, "GradsStacked")
+        if g_st is None or b_st is None:
+            items += [(i, params[i], grads[i], bufs[i]) for i in ix]
+        else:
+            items.append((ix[0], st, g_st, b_st if moments else bufs[ix[0]]))
+    items.sort(key=lambda it: it[0])
+    return [it[1] for it in items], [it[2] for it in items], [it[3] for it in items]
+
+
+def _value(w):
+    return w.ir if isinstance(w, Storage) else w._state.value()
+
+
 def _record(info, a, params, grads, bufs, damp):
     momentum = float(a["momentum"])
     scale, inf = a.get("grad_scale"), a.get("found_inf")
@@ -65,19 +121,23 @@ def _record(info, a, params, grads, bufs, damp):
     lr = a["lr"]
     lr = lr._state.value() if type(lr) is LazyTensor else scalar_value(float(lr), dtype, "_fused_sgd_", "lr")
     first = bool(a["is_first_step"]) and momentum != 0
+    params, grads, bufs = _stacked(params, grads, bufs, first)
     written = list(params) + (list(bufs) if momentum != 0 else []) + (list(grads) if scale is not None else [])
-    values = [t._state.value() for t in params] + [t._state.value() for t in grads]
+    values = [_value(t) for t in params] + [_value(t) for t in grads]
     if momentum != 0 and not first:
-        values += [t._state.value() for t in bufs]
+        values += [_value(t) for t in bufs]
     values += [lr, scalar_value(damp, dtype, "_fused_sgd_", "dampening")]
     values += [t._state.value() for t in (scale, inf) if t is not None]
-    metas = tuple(w._state.meta for w in written)
+    metas = tuple(w.meta if isinstance(w, Storage) else w._state.meta for w in written)
     kw = (("n", len(params)), ("weight_decay", float(a["weight_decay"])), ("momentum", momentum),
           ("nesterov", bool(a["nesterov"])), ("maximize", bool(a["maximize"])), ("first", first),
           ("scaled", scale is not None), ("checked", inf is not None))
     node = ops.one_node(info, lowering.lower_fused_sgd, values, kw, metas)
     for i, w in enumerate(written):
-        w._state.write((node, i))
+        if isinstance(w, Storage):
+            w.set_ir((node, i))
+        else:
+            w._state.write((node, i))
 
 
 def install() -> None:

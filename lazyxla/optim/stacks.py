@@ -86,6 +86,36 @@ def stack(members, counter):
     return st
 
 
+def can_stack_pending(members, aliased) -> bool:
+    """Whether these tensors (a step's gradients) can become rows of a stack made in the
+    program: lazy tensors of one meta, none sharded, none sharing its storage with another live
+    tensor (``aliased``: a write to one would no longer reach the other)."""
+    m0 = members[0]._state.meta
+    for t in members:
+        s = t._state
+        st = s.storage
+        if type(t) is not LazyTensor or st.sharding is not None or s.meta != m0 or id(st) in aliased:
+            return False
+    return True
+
+
+def stack_pending(members, counter):
+    """Make the tensors the rows of one new stack computed by the program (``aten::stack`` of
+    their values: nothing read or sent); returns its storage. The program then writes the
+    stack as one output where it wrote each tensor (a replay hands out one buffer). Counts
+    ``counter`` once per member."""
+    whole = torch.stack(members)
+    rows = []
+    for k, t in enumerate(members):
+        ops.become(t, aten.select.int(whole, 0, k))
+        rows.append(t._state.chain)
+    st = whole._state.storage
+    _ROWS[st] = (tuple(rows), {id(c): k for k, c in enumerate(rows)})
+    st.untyped = dict.fromkeys([id(c) for c in rows] + [None])  # each row its own, made when asked
+    metrics.counter_inc(counter, len(members))
+    return st
+
+
 def aliased(tensor_lists) -> set:
     """Ids of the storages of these tensors that another live tensor shares (an alias a stack
     would leave behind)."""

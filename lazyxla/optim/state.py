@@ -108,6 +108,17 @@ def host_rewrites_allowed() -> bool:
     return not (spmd() or process_mesh() is not None or storage.upload_hook is not None or capture.CAPTURING)
 
 
+def step_made_rewrites_allowed(tensors) -> bool:
+    """Whether these tensors, made by this step (its gradients), may be rewritten (made rows of
+    a stack the program computes: ``stacks.stack_pending``): as ``host_rewrites_allowed``, but
+    also while a step is captured, when every one of them was made inside the capture (a
+    capture gives back what existed before it, so such a tensor keeps its rewrite; one made
+    before it would be put back and miss the replays' values)."""
+    if spmd() or process_mesh() is not None or capture.CAPTURING:
+        return False
+    return storage.upload_hook is None or all(storage.made_this_step(t._state) for t in tensors)
+
+
 def _pre(opt, args, kwargs):
     global _active
     n = sum(len(g["params"]) for g in opt.param_groups)

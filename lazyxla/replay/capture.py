@@ -113,6 +113,7 @@ class Capture:
             eager.ON = self.was_eager
             raise
         self.thread = threading.get_ident()
+        storage.mark_step_start()  # what is made from here on is the captured step's own
         optimizer_counts.before_capture()
         self.states = [(s, s.storage, s.chain, s.meta) for s in live_states()]
         self.before = {}

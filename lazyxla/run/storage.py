@@ -487,6 +487,18 @@ def next_step() -> None:
     STEP_START = _last_uid
 
 
+def mark_step_start() -> None:
+    """States made from now on are "of this step" (``made_this_step``): a graph capture's start,
+    where nothing is pending, is a step's start."""
+    global STEP_START
+    STEP_START = _last_uid
+
+
+def made_this_step(state) -> bool:
+    """Whether ``state`` was made during this step (since ``next_step`` or ``mark_step_start``)."""
+    return state.uid > STEP_START
+
+
 def move_to_step_start(states) -> None:
     """Give these states (made during this step) the arena's places at the step's start, before
     every other state made during it: the order they will have in every later step (a sync's
