@@ -150,6 +150,8 @@ _COMPLEX_PROGRAM = textwrap.dedent("""
 """)
 
 
+@pytest.mark.cpu_only("its work runs in a child process, on XLA:CPU while this one holds the TPU: "
+                      "host code (keys across processes)")
 def test_complex_scalar_keys_are_identical_across_processes():
     runs = []
     for seed in ("1", "2"):
@@ -228,6 +230,8 @@ _POLAR = textwrap.dedent("""
 """)
 
 
+@pytest.mark.cpu_only("its work runs in a child process, on XLA:CPU while this one holds the TPU: "
+                      "host code (a process that must not abort)")
 def test_polars_backward_runs_in_a_new_process():
     # its backward multiplies by a complex scalar: before complex scalars were hashed, PyTorch's
     # C++ backward met the error where it cannot pass it on and the process aborted

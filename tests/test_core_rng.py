@@ -180,6 +180,8 @@ def test_same_seed_same_numbers_across_processes():
     assert [a.cpu().tolist(), b.cpu().tolist()] == outs[0]
 
 
+@pytest.mark.cpu_only("its work runs in a child process, on XLA:CPU while this one holds the TPU: "
+                      "host code (a fresh process's seed)")
 def test_default_seed_is_101():
     # A fresh process uses seed 101: its first draw equals a draw after manual_seed(101).
     script = textwrap.dedent("""
@@ -245,6 +247,8 @@ print(json.dumps({"values": y.cpu().tolist(), "key": key}))
 """
 
 
+@pytest.mark.cpu_only("its work runs in a child process, on XLA:CPU while this one holds the TPU: "
+                      "host code (the generator in the key)")
 def test_the_bit_generator_is_part_of_every_key():
     """``LAZYXLA_PRNG_IMPL`` changes the numbers a seed gives, so it is in the compile
     environment: a program stored under one generator is never loaded under the other."""

@@ -130,6 +130,8 @@ def _run(code, env):
     return r.stdout.strip()
 
 
+@pytest.mark.cpu_only("its work runs in a child process, on XLA:CPU while this one holds the TPU: "
+                      "host code (the variable)")
 def test_param_aliasing_env_off_disables_donation():
     code = """
         import torch, lazyxla, lazyxla.debug as d, lazyxla.debug.metrics as met

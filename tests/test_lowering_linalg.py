@@ -265,6 +265,8 @@ def test_eig_complex_results():
         torch.testing.assert_close(v * _align(v, V, -2), V, **F32)
 
 
+@pytest.mark.cpu_only("its work runs in a child process, on XLA:CPU while this one holds the TPU: "
+                      "host code (the platform rule, simulated; on a TPU test_eig_complex_results runs it)")
 def test_eig_runs_on_the_cpu_where_it_does_not_compile():
     """XLA's TPU compiler has no nonsymmetric eigendecomposition (``linalg.eig`` failed to compile
     on a v5e): there the op runs on the CPU, counted as ``aten::linalg_eig``, with eager's values,
