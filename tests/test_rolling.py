@@ -371,7 +371,9 @@ def test_a_rolled_program_is_kept_by_the_persistent_cache(tmp_path, opt):
                LAZYXLA_ROLL_MIN_WORK="0", LAZYXLA_CACHE_HMAC_KEY_FILE=str(tmp_path / "key"))
     (l1, rolled1, hit1, stacked1, t1), (l2, rolled2, hit2, _, _) = json_runs(script, times=2, **env)
     unrolled, = json_runs(script, LAZYXLA_ROLL_LAYERS="0")
-    assert (stacked1 > 0) == opt.startswith("AdamW")  # each layer's weights, biases, norms: rows of stacks
+    # rows of stacks: AdamW's every role of alike layers (rolled); SGD's roles of 8 or more
+    # (param_stacks.SGD_MIN_ROWS): the 12 biases of the norms and the linears
+    assert stacked1 == (24 if opt.startswith("AdamW") else 12), stacked1
     assert rolled1 >= 1 and hit1 == 0  # counted once per compile, though the cache was asked first
     # and the compile's time holds its parts, the roll the cache lookup asked for among them
     assert t1["CompileTime"] >= sum(v for k, v in t1.items() if k != "CompileTime") > 3e8, t1
