@@ -151,7 +151,9 @@ def lower_fused_sgd(sig, *xs, n, weight_decay, momentum, nesterov, maximize, fir
     """``torch.optim.SGD(fused=True)``'s step. ``xs``: the ``n`` params, their ``n`` gradients,
     [their ``n`` momentum buffers: with momentum, after the first step], lr, the factor the
     gradient enters the buffer with (``1 - dampening``; 1 for a first step's zero buffers),
-    [grad_scale], [found_inf]. Returns the new params, [the new buffers], [the unscaled grads].
+    the momentum, the weight decay, [grad_scale], [found_inf]; ``momentum`` and
+    ``weight_decay`` here say whether they are non-zero. Returns the new params, [the new
+    buffers], [the unscaled grads].
 
     Per parameter, PyTorch's CPU kernel: the gradient divided by ``grad_scale`` (and written
     back), negated under ``maximize``, plus ``param * weight_decay``; the buffer becomes the
@@ -161,8 +163,8 @@ def lower_fused_sgd(sig, *xs, n, weight_decay, momentum, nesterov, maximize, fir
     it = iter(xs)
     params = [next(it) for _ in range(n)]
     grads = [next(it) for _ in range(n)]
-    bufs = [next(it) for _ in range(n)] if momentum != 0 and not first else [None] * n
-    lr, factor = next(it), next(it)
+    bufs = [next(it) for _ in range(n)] if momentum and not first else [None] * n
+    lr, factor, mom_v, wd_v = next(it), next(it), next(it), next(it)
     scale = next(it) if scaled else None
     keep = (next(it) == 0).reshape(()) if checked else None
     new_p, new_b, unscaled = [], [], []
@@ -174,17 +176,17 @@ def lower_fused_sgd(sig, *xs, n, weight_decay, momentum, nesterov, maximize, fir
             g = g / scale.reshape(()).astype(ct)
             unscaled.append(g.astype(dt))
         d = -g if maximize else g
-        if weight_decay != 0:
-            d = d + p.astype(ct) * jnp.asarray(weight_decay, ct)
-        if momentum != 0:
-            mom = jnp.asarray(momentum, ct)
+        if weight_decay:
+            d = d + p.astype(ct) * wd_v.reshape(()).astype(ct)
+        if momentum:
+            mom = mom_v.reshape(()).astype(ct)
             buf = d if first else b.astype(ct) * mom + d * factor.reshape(()).astype(ct)
             d = d + buf * mom if nesterov else buf
             new_b.append(buf.astype(dt))
         new_p.append((p.astype(ct) - lr.reshape(()).astype(ct) * d).astype(dt))
     if checked:
         new_p = [jnp.where(keep, x, o) for x, o in zip(new_p, params)]
-        if momentum != 0:
+        if momentum:
             new_b = [jnp.where(keep, x, o) for x, o in zip(new_b, bufs if not first else grads)]
         unscaled = [jnp.where(keep, x, o) for x, o in zip(unscaled, grads)]
     return tuple(new_p) + tuple(new_b) + tuple(unscaled)

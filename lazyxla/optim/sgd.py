@@ -10,7 +10,8 @@ writes. What stays a setting of the signature and what is data:
 |--------------------------------------------|------------------------------------------------|
 | ``lr`` (a number, a CPU or a device tensor) | data: a scheduler changes it every step       |
 | ``1 - dampening``                          | data: 1 at the first step into zero buffers    |
-| weight_decay, momentum, nesterov, maximize | the signature's settings                       |
+| weight_decay, momentum                     | data (whether each is zero: the signature's): OneCycleLR cycles the momentum every step |
+| nesterov, maximize                         | the signature's settings                       |
 | grad_scale, found_inf                      | operands, when given                           |
 | ``is_first_step``                          | never true here (below)                        |
 
@@ -127,9 +128,14 @@ def _record(info, a, params, grads, bufs, damp):
     if momentum != 0 and not first:
         values += [_value(t) for t in bufs]
     values += [lr, scalar_value(damp, dtype, "_fused_sgd_", "dampening")]
+    # momentum and weight decay are data, whether they are zero is the program's: a schedule
+    # that moves them each step (OneCycleLR cycles SGD's momentum) compiles nothing new
+    wd = float(a["weight_decay"])
+    values += [scalar_value(momentum, dtype, "_fused_sgd_", "momentum"), scalar_value(wd, dtype, "_fused_sgd_",
+                                                                                      "weight_decay")]
     values += [t._state.value() for t in (scale, inf) if t is not None]
     metas = tuple(w.meta if isinstance(w, Storage) else w._state.meta for w in written)
-    kw = (("n", len(params)), ("weight_decay", float(a["weight_decay"])), ("momentum", momentum),
+    kw = (("n", len(params)), ("weight_decay", wd != 0), ("momentum", momentum != 0),
           ("nesterov", bool(a["nesterov"])), ("maximize", bool(a["maximize"])), ("first", first),
           ("scaled", scale is not None), ("checked", inf is not None))
     node = ops.one_node(info, lowering.lower_fused_sgd, values, kw, metas)
