@@ -113,7 +113,7 @@ def test_a_replayed_step_passes_one_buffer_per_stack_and_compiles_once():
     b = next(iter(fn._sigs.values())).binding
     # the program's inputs: the weights' and biases' stacks and their buffers' stacks, x, y, lr
     # and 1 - dampening; its outputs: those four stacks, the two gradients' stacks and the loss
-    assert (len(b.template), b.n_out) == (10, 7)  # momentum and weight decay: data
+    assert (len(b.template), b.n_out) == (9, 7)  # the momentum among them: data
 
 
 def test_a_frozen_parameter_and_one_frozen_after_the_optimizer_was_built_are_eagers():

@@ -151,8 +151,8 @@ def lower_fused_sgd(sig, *xs, n, weight_decay, momentum, nesterov, maximize, fir
     """``torch.optim.SGD(fused=True)``'s step. ``xs``: the ``n`` params, their ``n`` gradients,
     [their ``n`` momentum buffers: with momentum, after the first step], lr, the factor the
     gradient enters the buffer with (``1 - dampening``; 1 for a first step's zero buffers),
-    the momentum, the weight decay, [grad_scale], [found_inf]; ``momentum`` and
-    ``weight_decay`` here say whether they are non-zero. Returns the new params, [the new
+    [the momentum], [the weight decay] (each where it is non-zero: ``momentum`` and
+    ``weight_decay`` here say so), [grad_scale], [found_inf]. Returns the new params, [the new
     buffers], [the unscaled grads].
 
     Per parameter, PyTorch's CPU kernel: the gradient divided by ``grad_scale`` (and written
@@ -164,7 +164,9 @@ def lower_fused_sgd(sig, *xs, n, weight_decay, momentum, nesterov, maximize, fir
     params = [next(it) for _ in range(n)]
     grads = [next(it) for _ in range(n)]
     bufs = [next(it) for _ in range(n)] if momentum and not first else [None] * n
-    lr, factor, mom_v, wd_v = next(it), next(it), next(it), next(it)
+    lr, factor = next(it), next(it)
+    mom_v = next(it) if momentum else None
+    wd_v = next(it) if weight_decay else None
     scale = next(it) if scaled else None
     keep = (next(it) == 0).reshape(()) if checked else None
     new_p, new_b, unscaled = [], [], []

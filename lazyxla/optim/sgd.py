@@ -128,11 +128,12 @@ def _record(info, a, params, grads, bufs, damp):
     if momentum != 0 and not first:
         values += [_value(t) for t in bufs]
     values += [lr, scalar_value(damp, dtype, "_fused_sgd_", "dampening")]
-    # momentum and weight decay are data, whether they are zero is the program's: a schedule
-    # that moves them each step (OneCycleLR cycles SGD's momentum) compiles nothing new
+    # momentum and weight decay are data, whether they are zero is the program's (a zero one is
+    # no operand): a schedule that moves them each step (OneCycleLR cycles SGD's momentum)
+    # compiles nothing new
     wd = float(a["weight_decay"])
-    values += [scalar_value(momentum, dtype, "_fused_sgd_", "momentum"), scalar_value(wd, dtype, "_fused_sgd_",
-                                                                                      "weight_decay")]
+    values += [scalar_value(v, dtype, "_fused_sgd_", slot) for v, slot in ((momentum, "momentum"),
+                                                                           (wd, "weight_decay")) if v != 0]
     values += [t._state.value() for t in (scale, inf) if t is not None]
     metas = tuple(w.meta if isinstance(w, Storage) else w._state.meta for w in written)
     kw = (("n", len(params)), ("weight_decay", wd != 0), ("momentum", momentum != 0),
