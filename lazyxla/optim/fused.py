@@ -11,7 +11,8 @@ node too (``optimizer_sgd``), and only a fused step reads and writes a stack of 
 momentum buffers and gradients whole (``param_stacks``): a replayed SGD step then passes a
 stack, not a buffer per parameter (issue 52).
 
-So at the first step of an ``Adam``, ``AdamW`` or ``SGD`` whose parameters are all on the lazy device,
+So at the first step of an ``Adam``, ``AdamW`` or ``SGD`` (not under SPMD: ``_by_default``) whose
+parameters are all on the lazy device,
 every group that left ``foreach`` and ``fused`` unset, and asks nothing the fused kernel lacks
 (``differentiable``, a tensor ``lr``, complex parameters), is set ``fused=True`` (counter
 ``OptimizerFusedByDefault``), before any state exists, so the state is made for that kernel. A
