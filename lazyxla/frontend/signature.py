@@ -39,7 +39,7 @@ from .device import is_lazy
 from ..errors import LazyXlaError
 from ..ir.node import OpSig, Slot, TensorMeta
 from ..ir.user_line import fmt_where
-from ..xla.client import jnp_dtype
+from ..xla.client import jax_device, jnp_dtype
 
 # R1.5: XLA_NO_SPECIAL_SCALARS=1 makes 0, 1 and -1 device data like every other scalar.
 NO_SPECIAL_SCALARS = env_flag("XLA_NO_SPECIAL_SCALARS", False)
@@ -215,7 +215,7 @@ def new_entry(func, info, args, kwargs, where) -> Entry:
         _check_inplace(func, args, kwargs, where, info, outs)
     if not outs and not info.written:  # sizes, strides, dtypes: a constant of the signature
         return Entry(None, "const", const=mout)
-    low = lowering.get(target, _platform()) if target is not None else None
+    low = lowering.get(target, jax_device().platform) if target is not None else None
     if low is None or not outs:  # an op that writes its arguments and returns nothing is never a constant
         if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
             return Entry(None, "implicit")
@@ -223,12 +223,6 @@ def new_entry(func, info, args, kwargs, where) -> Entry:
             return Entry(None, "decomp")
         return Entry(None, "fallback")
     return _node_entry(info, target, low, args, kwargs, mout, outs, where)
-
-
-@functools.lru_cache(maxsize=1)
-def _platform() -> str:
-    """The platform programs are compiled for (an op lowered elsewhere only runs on the CPU)."""
-    return jax.local_devices()[0].platform
 
 
 def _with_dtypes(mout, dtypes):

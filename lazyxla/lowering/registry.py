@@ -2,9 +2,9 @@
 
 ``register`` fills them (every family module imports it from here, never from the package):
 ``LOWERINGS`` (op -> lowering), ``RANDOM`` (ops that receive the step's seed),
-``STATIC_ARGS`` (scalar arguments hashed into the node) and ``ZERO_D_AS_VECTOR`` (ops run on
-0-d operands as 1-element vectors); ``PLATFORMS`` (ops lowered on some platforms only); ``shape_rule`` fills ``SHAPE_RULES`` (output shapes of
-ops PyTorch has no meta kernel for); ``output_dtypes`` fills ``OUTPUT_DTYPES`` (the CPU kernel's
+``STATIC_ARGS`` (scalar arguments hashed into the node), ``ZERO_D_AS_VECTOR`` (ops run on
+0-d operands as 1-element vectors) and ``PLATFORMS`` (ops lowered on some platforms only);
+``shape_rule`` fills ``SHAPE_RULES`` (output shapes of ops PyTorch has no meta kernel for); ``output_dtypes`` fills ``OUTPUT_DTYPES`` (the CPU kernel's
 output dtypes where its meta kernel says others). ``DECOMPOSITIONS`` holds PyTorch's decomposition table,
 loaded when this module is imported (``amp`` adds the gradient scaler's two ops to it).
 ``functional_of`` finds the functional overload behind an in-place or out= op.
@@ -104,10 +104,10 @@ def output_dtypes(*ops):
 def get(func, platform=None):
     """``func``'s lowering, or None; with ``platform``, None where it does not compile there
     (``PLATFORMS``)."""
-    low = LOWERINGS.get(func)
-    if low is not None and platform is not None and platform not in PLATFORMS.get(func, (platform,)):
+    only = PLATFORMS.get(func)
+    if only is not None and platform is not None and platform not in only:
         return None
-    return low
+    return LOWERINGS.get(func)
 
 
 def is_random(func) -> bool:

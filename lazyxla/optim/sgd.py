@@ -101,7 +101,7 @@ def _stacked(params, grads, bufs, first):
             if b_st is None and optimizer_state.host_rewrites_allowed() and stacks.can_stack(bs, aliased):
                 b_st = stacks.stack(bs, "MomentsStacked")
             if g_st is None and b_st is not None and optimizer_state.step_made_rewrites_allowed(gs) \
-                    and stacks.can_stack_pending(gs, aliased):
+                    and stacks.can_stack(gs, aliased, pending=True):
                 g_st = stacks.stack_pending(gs, "GradsStacked")
         if g_st is None or b_st is None:
             items += [(i, params[i], grads[i], bufs[i]) for i in ix]

@@ -20,7 +20,7 @@ import torch
 from .. import metrics
 from ..frontend import ops
 from ..run import storage
-from ..frontend.tensor import DeviceStorage, LazyTensor, _tensor
+from ..frontend.tensor import LazyTensor, _tensor
 from ..xla.client import download
 
 aten = torch.ops.aten
@@ -55,15 +55,18 @@ def row_of(t):
     return None if k is None or rows[0][k] is not s.chain else (s.storage, k, len(rows[0]))
 
 
-def can_stack(members, aliased) -> bool:
-    """Whether these tensors can become rows of one buffer: lazy device data of one meta, not
-    views, not sharded, sharing their storage with no other live tensor (``aliased``)."""
+def can_stack(members, aliased, pending=False) -> bool:
+    """Whether these tensors can become rows of one stack: lazy tensors of one meta, not sharded,
+    sharing their storage with no other live tensor (``aliased``: a write to one would no longer
+    reach the other); for ``stack`` also device data and not views, for ``stack_pending``
+    (``pending``: a step's gradients, the stack computed by the program) any value."""
     m0 = members[0]._state.meta
     for t in members:
         s = t._state
         st = s.storage
-        if (type(t) is not LazyTensor or s.chain is not None or st.data is None or st.sharding is not None
-                or s.meta != m0 or id(st) in aliased):
+        if type(t) is not LazyTensor or st.sharding is not None or s.meta != m0 or id(st) in aliased:
+            return False
+        if not pending and (s.chain is not None or st.data is None):
             return False
     return True
 
@@ -72,31 +75,22 @@ def stack(members, counter):
     """Make the tensors the rows of one new buffer holding their values (read back, stacked on
     the host, sent as one buffer); returns its storage. Counts ``counter`` once per member."""
     hosts = download([t._state.storage.data for t in members], [t._state.meta.dtype for t in members])
-    whole = _tensor(storage.upload(torch.stack(hosts)))
+    return _rows_of(_tensor(storage.upload(torch.stack(hosts))), members, counter)
+
+
+def _rows_of(whole, members, counter):
+    """Make each member a view of its row of ``whole``; returns the stack's storage. Each row
+    keeps a storage of its own (``untyped_storage``, made when first asked: tied tensors are
+    told apart by it). Counts ``counter`` once per member."""
     rows = []
     for k, t in enumerate(members):
         ops.become(t, aten.select.int(whole, 0, k))
         rows.append(t._state.chain)
     st = whole._state.storage
     _ROWS[st] = (tuple(rows), {id(c): k for k, c in enumerate(rows)})
-    nbytes = members[0]._state.meta.numel * members[0]._state.meta.dtype.itemsize
-    st.untyped = {id(c): DeviceStorage.make(nbytes) for c in rows}  # each row its own, as before
-    st.untyped[None] = DeviceStorage.make(nbytes * len(rows))
+    st.untyped = dict.fromkeys([id(c) for c in rows] + [None])
     metrics.counter_inc(counter, len(members))
     return st
-
-
-def can_stack_pending(members, aliased) -> bool:
-    """Whether these tensors (a step's gradients) can become rows of a stack made in the
-    program: lazy tensors of one meta, none sharded, none sharing its storage with another live
-    tensor (``aliased``: a write to one would no longer reach the other)."""
-    m0 = members[0]._state.meta
-    for t in members:
-        s = t._state
-        st = s.storage
-        if type(t) is not LazyTensor or st.sharding is not None or s.meta != m0 or id(st) in aliased:
-            return False
-    return True
 
 
 def stack_pending(members, counter):
@@ -104,16 +98,7 @@ def stack_pending(members, counter):
     their values: nothing read or sent); returns its storage. The program then writes the
     stack as one output where it wrote each tensor (a replay hands out one buffer). Counts
     ``counter`` once per member."""
-    whole = torch.stack(members)
-    rows = []
-    for k, t in enumerate(members):
-        ops.become(t, aten.select.int(whole, 0, k))
-        rows.append(t._state.chain)
-    st = whole._state.storage
-    _ROWS[st] = (tuple(rows), {id(c): k for k, c in enumerate(rows)})
-    st.untyped = dict.fromkeys([id(c) for c in rows] + [None])  # each row its own, made when asked
-    metrics.counter_inc(counter, len(members))
-    return st
+    return _rows_of(torch.stack(members), members, counter)
 
 
 def aliased(tensor_lists) -> set:
