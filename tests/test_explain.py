@@ -258,3 +258,48 @@ def test_a_graph_that_grows_read_after_read_says_nothing_was_synced():
         assert f"operations below key {prev.hash[:16]}" in rec.text
         assert "lazyxla.sync() once per iteration" in rec.text
     lazyxla.sync()
+
+
+def test_the_closest_key_is_the_exhaustive_searchs_and_costs_few_tree_walks(monkeypatch):
+    """Finding the closest earlier key does not walk the IR of every earlier key: the 41st
+    compile of a process (six roots, as a model's parameters) compares trees with a few of its
+    40 earlier keys, and picks the key that comparing with all of them picks. (Comparing with
+    all of them made each compile slower as a process's history grew: a 2-layer GPT-2's three
+    steps took 37 s after a few hundred tests' keys, 7 s alone.)"""
+    from lazyxla.debug import explain
+    xs = [torch.randn(3, 7).to(DEV) for _ in range(6)]
+    settle()
+    ops = (torch.tanh, torch.sin, torch.exp, torch.relu)
+
+    def six_roots(k, last=None):
+        ys = [ops[(k // (j + 1)) % 4](x) for j, x in enumerate(xs)]
+        if last is not None:
+            ys[-1] = last(ys[-1])
+        lazyxla.sync()
+        return ys
+    for k in range(40):
+        six_roots(k)
+    seen = {}
+    real = explain.closest
+
+    def watched(trace, candidates):
+        seen["args"] = (trace, list(candidates))
+        return real(trace, candidates)
+    monkeypatch.setattr(explain, "closest", watched)
+    walks = []
+    root_distance = explain._root_distance
+
+    def walked(sa, sb):  # an IR walk under two unequal roots
+        walks.append(sa.ingredient != sb.ingredient)
+        return root_distance(sa, sb)
+    monkeypatch.setattr(explain, "_root_distance", walked)
+    recs = new_records(lambda: six_roots(0, last=torch.cos))  # key 0's graph, one root changed
+    assert len(recs) == 1
+    trace, candidates = seen["args"]
+    assert len(candidates) >= 40
+    searched = sum(walks)
+    walks.clear()
+    dists = [explain.distance(trace, c) for c in candidates]  # every one, as before
+    assert 0 < searched < sum(walks) / 4
+    best = max(k for k, d in enumerate(dists) if d == min(dists))
+    assert recs[0].closest == candidates[best].hex
