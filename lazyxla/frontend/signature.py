@@ -39,6 +39,7 @@ from .device import is_lazy
 from ..errors import LazyXlaError
 from ..ir.node import OpSig, Slot, TensorMeta
 from ..ir.user_line import fmt_where
+from ..xla import widths
 from ..xla.client import jax_device, jnp_dtype
 
 # R1.5: XLA_NO_SPECIAL_SCALARS=1 makes 0, 1 and -1 device data like every other scalar.
@@ -215,7 +216,9 @@ def new_entry(func, info, args, kwargs, where) -> Entry:
         _check_inplace(func, args, kwargs, where, info, outs)
     if not outs and not info.written:  # sizes, strides, dtypes: a constant of the signature
         return Entry(None, "const", const=mout)
-    low = lowering.get(target, jax_device().platform) if target is not None else None
+    low = None if target is None else lowering.get(
+        target, jax_device().platform,
+        emulated_float64=any(o.dtype == torch.float64 for o in outs) and not widths.float64_native())
     if low is None or not outs:  # an op that writes its arguments and returns nothing is never a constant
         if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
             return Entry(None, "implicit")

@@ -12,14 +12,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .nn_helpers import _f, _s, _vjp
+from .nn_helpers import _f, _s, _vjp, tanh
 from .registry import register
 
 
 def _gelu(x, approximate):
     if approximate == "tanh":
         k = math.sqrt(2.0 / math.pi)
-        return 0.5 * x * (1 + jnp.tanh(k * (x + 0.044715 * x * x * x)))
+        return 0.5 * x * (1 + tanh(k * (x + 0.044715 * x * x * x)))
     return 0.5 * x * (1 + lax.erf(x * (1 / math.sqrt(2.0))))
 
 

@@ -15,6 +15,7 @@ import torch
 
 from ..xla.widths import long_dtype
 from ..xla.client import jnp_dtype
+from .nn_helpers import tanh
 from .program import check_index
 from .registry import register
 
@@ -91,7 +92,7 @@ def _unary_float(f, wide=False):
 
 for _name, _f in {
     "exp": jnp.exp, "log": jnp.log, "log1p": jnp.log1p, "expm1": jnp.expm1, "sqrt": jnp.sqrt,
-    "rsqrt": jax.lax.rsqrt, "sin": jnp.sin, "cos": jnp.cos, "tan": jnp.tan, "tanh": jnp.tanh,
+    "rsqrt": jax.lax.rsqrt, "sin": jnp.sin, "cos": jnp.cos, "tan": jnp.tan, "tanh": tanh,
     "sigmoid": jax.nn.sigmoid, "erf": jax.scipy.special.erf, "erfinv": jax.scipy.special.erfinv,
     "log2": jnp.log2, "log10": jnp.log10, "exp2": jnp.exp2, "asin": _asin, "acos": jnp.arccos,
     "atan": jnp.arctan, "sinh": jnp.sinh, "cosh": jnp.cosh, "asinh": jnp.arcsinh, "acosh": jnp.arccosh,

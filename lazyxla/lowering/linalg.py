@@ -636,7 +636,9 @@ def svd(sig, A, full_matrices=False, compute_uv=True, *, driver=None):
     return U, S, Vh
 
 
-@register("_linalg_eigh.default")
+# XLA's TPU float64 (two float32s) eigh gave NaN eigenvectors (a v5e, 2026-12-07, the float64
+# OpInfo row): float64 calls run on the CPU there (``registry.NATIVE_FLOAT64``)
+@register("_linalg_eigh.default", native_float64=True)
 def eigh(sig, A, UPLO="L", compute_v=True):
     v, w = lax.linalg.eigh(A, lower=UPLO.upper() == "L", symmetrize_input=False)
     return w, (v if compute_v else _empty(sig, 1))

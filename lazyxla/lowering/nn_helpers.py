@@ -5,7 +5,8 @@ Numerics follow PyTorch's eager CPU kernels: half precision inputs (bf16/f16) ar
 float32 (``_f``; the caller casts the results back) and scalar arguments take an operand's
 dtype (``_s``). Backward ops of smooth or linear forwards are the ``jax.vjp`` of the forward
 lowering (``_vjp``); backward ops with an ``output_mask`` build their outputs with
-``_masked``. ``_ntuple`` reads PyTorch's ``int[N]`` arguments.
+``_masked``. ``_ntuple`` reads PyTorch's ``int[N]`` arguments. ``tanh`` is float64's tanh
+where float64 is emulated too (``elementwise``'s as well).
 
 Registers nothing and touches nothing.
 """
@@ -14,6 +15,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+
+def tanh(x):
+    """``jnp.tanh``, its float64 argument clamped to [-20, 20], where float64's tanh is +-1
+    already (1 - tanh(20) < 2**-54): XLA's TPU float64 (two float32s) gave NaN past that (a v5e,
+    2026-12-07: gelu's tanh approximation at 25.0, its argument 578)."""
+    if x.dtype == jnp.float64:
+        x = jnp.clip(x, -20.0, 20.0)
+    return jnp.tanh(x)
 
 
 def _f(x):

@@ -3,7 +3,8 @@
 ``register`` fills them (every family module imports it from here, never from the package):
 ``LOWERINGS`` (op -> lowering), ``RANDOM`` (ops that receive the step's seed),
 ``STATIC_ARGS`` (scalar arguments hashed into the node), ``ZERO_D_AS_VECTOR`` (ops run on
-0-d operands as 1-element vectors) and ``PLATFORMS`` (ops lowered on some platforms only);
+0-d operands as 1-element vectors), ``PLATFORMS`` (ops lowered on some platforms only) and
+``NATIVE_FLOAT64`` (ops lowered in float64 only where the device computes it natively);
 ``shape_rule`` fills ``SHAPE_RULES`` (output shapes of ops PyTorch has no meta kernel for); ``output_dtypes`` fills ``OUTPUT_DTYPES`` (the CPU kernel's
 output dtypes where its meta kernel says others). ``DECOMPOSITIONS`` holds PyTorch's decomposition table,
 loaded when this module is imported (``amp`` adds the gradient scaler's two ops to it).
@@ -46,6 +47,10 @@ OUTPUT_DTYPES: dict = {}
 # ``platform``). Elsewhere ``get`` says there is none, and the op runs on the CPU (R1.7,
 # counted as ``aten::<op>``), as torch_xla's TPU runs what XLA has no kernel for.
 PLATFORMS: dict = {}
+# Ops whose lowering is wrong in float64 where the device emulates it (a TPU keeps float64 as
+# two float32s: ``xla.widths.FLOAT64_NATIVE``): a call with a float64 output gets no lowering
+# there (``get``), and runs on the CPU as ``aten::<op>``, with eager's values.
+NATIVE_FLOAT64: set = set()
 
 
 def _resolve(op):
@@ -62,15 +67,18 @@ def _resolve(op):
     raise TypeError(op)
 
 
-def register(*ops, random=False, static=(), zero_d=None, platforms=None):
+def register(*ops, random=False, static=(), zero_d=None, platforms=None, native_float64=False):
     """Decorator: ``@register("add.Tensor", aten.sub.Tensor, ..., static=("ord",))``;
-    ``platforms``: where the lowering compiles, when not everywhere (``PLATFORMS``)."""
+    ``platforms``: where the lowering compiles, when not everywhere (``PLATFORMS``);
+    ``native_float64``: lowered in float64 only where float64 is native (``NATIVE_FLOAT64``)."""
     def deco(fn):
         for op in ops:
             for o in _resolve(op):
                 LOWERINGS[o] = fn
                 if platforms is not None:
                     PLATFORMS[o] = frozenset(platforms)
+                if native_float64:
+                    NATIVE_FLOAT64.add(o)
                 if random:
                     RANDOM.add(o)
                 if static:
@@ -101,11 +109,14 @@ def output_dtypes(*ops):
     return deco
 
 
-def get(func, platform=None):
+def get(func, platform=None, emulated_float64=False):
     """``func``'s lowering, or None; with ``platform``, None where it does not compile there
-    (``PLATFORMS``)."""
+    (``PLATFORMS``); with ``emulated_float64`` (a call with a float64 output, on a device that
+    emulates float64), None for ``NATIVE_FLOAT64``'s ops."""
     only = PLATFORMS.get(func)
     if only is not None and platform is not None and platform not in only:
+        return None
+    if emulated_float64 and func in NATIVE_FLOAT64:
         return None
     return LOWERINGS.get(func)
 
