@@ -63,3 +63,20 @@ def test_on_the_cpu_nothing_is_skipped_and_the_device_files_are_marked(pytester)
     assert not list(items[0].iter_markers("skip"))
     assert not list(items[0].iter_markers("device"))  # not one of DEVICE_FILES
     assert all(name.startswith("test_") and name.endswith(".py") for name in conftest.DEVICE_FILES)
+
+
+def test_float64_cases_run_in_the_float64_files_only_where_float64_is_emulated(pytester, monkeypatch):
+    source = """
+        import pytest, torch
+        @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+        def test_d(dtype): pass
+    """
+    from lazyxla.xla import widths
+    monkeypatch.setattr(conftest, "FLOAT64_FILES", ("test_float64_home.py",))  # (a real file's module is imported)
+    for native, name in ((True, "test_elsewhere"), (False, "test_elsewhere"), (False, "test_float64_home")):
+        items = _items(pytester, name, source)
+        monkeypatch.setitem(widths.FLOAT64_NATIVE, "cpu", native)
+        conftest.pytest_collection_modifyitems(None, items)
+        skips = {i.name: [m.kwargs.get("reason") for m in i.iter_markers("skip")] for i in items}
+        emulated_elsewhere = not native and name == "test_elsewhere"
+        assert skips == {"test_d[dtype0]": [], "test_d[dtype1]": [conftest.FLOAT64_EMULATED] if emulated_elsewhere else []}

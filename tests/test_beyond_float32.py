@@ -265,8 +265,24 @@ def test_the_issues_opinfo_rows_match_eager(mode):
     results, _ = opinfo.run(ISSUE_ROWS[mode], mode=mode)
     missing = [w for w in ISSUE_ROWS[mode] if not any(r.name == w or r.name.startswith(w + ".") for r in results)]
     assert not missing, missing  # every row ran (none skipped as random, none without its dtype)
-    bad = [(r.name, r.status, r.problem, r.counters) for r in results if r.status != "ok"]
+    here = _on_the_cpu_here(mode)
+    bad = [(r.name, r.status, r.problem, r.counters) for r in results
+           if r.status != "ok" and not (r.status == "fallback" and set(r.counters) <= here)]
     assert not bad, bad
+
+
+def _on_the_cpu_here(mode):
+    """``aten::<op>`` of the ops this device runs on the CPU by rule in ``mode``: those whose
+    lowering does not compile on its platform (``registry.PLATFORMS``; a TPU's ``linalg.eig``), and
+    in float64 where float64 is emulated, ``registry.NATIVE_FLOAT64``'s (a TPU's eigh)."""
+    import jax
+    from lazyxla.lowering.registry import NATIVE_FLOAT64, PLATFORMS
+    from lazyxla.xla import widths
+    platform = jax.local_devices()[0].platform
+    ops = [op for op, where in PLATFORMS.items() if platform not in where]
+    if mode == "float64" and not widths.float64_native():
+        ops += list(NATIVE_FLOAT64)
+    return {op.name() for op in ops}
 
 
 def test_cli_runs_a_dtype_and_gradients(tmp_path, capsys):

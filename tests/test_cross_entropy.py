@@ -11,6 +11,11 @@ import lazyxla
 from lazyhelp import cnt, tiny_gpt2_counts
 from lazyxla.frontend import cross_entropy
 
+# a test's dead lazy tensors (the out-of-range test's, held by its exception's reference cycle
+# until a collection) must not join the next test's sync: a target out of range in an earlier
+# test's pending loss failed the HF GPT-2 test's step when test_attention.py ran first
+pytestmark = pytest.mark.usefixtures("nothing_pending")
+
 DEV = lazyxla.device()
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.float64: dict(rtol=1e-12, atol=1e-14)}
 
