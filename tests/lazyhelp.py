@@ -1,10 +1,33 @@
 """Small helpers the tests share: counter and metric readings that treat absent as 0, and a
 small training loop on the CPU or the device."""
+import pytest
 import torch
 import torch.nn as nn
 
 import lazyxla
 import lazyxla.debug.metrics as met
+
+
+def in_a_child(what: str):
+    """``cpu_only`` for a test whose work is a child process: on a TPU the child runs on XLA:CPU
+    (one process holds the chip), so there the test checks host code only (``what``)."""
+    return pytest.mark.cpu_only("its work runs in a child process, on XLA:CPU while this one holds the TPU: "
+                                f"host code ({what})")
+
+
+def on_the_cpu_here(float64=False) -> set:
+    """``aten::<op>`` of the ops this device runs on the CPU by rule: those whose lowering does
+    not compile on its platform (``registry.PLATFORMS``: a TPU's ``linalg.eig``), and with
+    ``float64`` (a float64 call), where float64 is emulated, ``registry.NATIVE_FLOAT64``'s (a
+    TPU's eigh)."""
+    import jax
+    from lazyxla.lowering.registry import NATIVE_FLOAT64, PLATFORMS
+    from lazyxla.xla import widths
+    platform = jax.local_devices()[0].platform
+    ops = [op for op, where in PLATFORMS.items() if platform not in where]
+    if float64 and not widths.float64_native():
+        ops += list(NATIVE_FLOAT64)
+    return {op.name() for op in ops}
 
 
 def needs_wide_int64(dt=torch.int64):

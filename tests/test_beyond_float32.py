@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import lazyxla
-from lazyhelp import cnt
+from lazyhelp import cnt, in_a_child, on_the_cpu_here
 from lazyhelp import needs_wide_int64
 
 DEV = lazyxla.device()
@@ -150,8 +150,7 @@ _COMPLEX_PROGRAM = textwrap.dedent("""
 """)
 
 
-@pytest.mark.cpu_only("its work runs in a child process, on XLA:CPU while this one holds the TPU: "
-                      "host code (keys across processes)")
+@in_a_child("keys across processes")
 def test_complex_scalar_keys_are_identical_across_processes():
     runs = []
     for seed in ("1", "2"):
@@ -230,8 +229,7 @@ _POLAR = textwrap.dedent("""
 """)
 
 
-@pytest.mark.cpu_only("its work runs in a child process, on XLA:CPU while this one holds the TPU: "
-                      "host code (a process that must not abort)")
+@in_a_child("a process that must not abort")
 def test_polars_backward_runs_in_a_new_process():
     # its backward multiplies by a complex scalar: before complex scalars were hashed, PyTorch's
     # C++ backward met the error where it cannot pass it on and the process aborted
@@ -265,24 +263,10 @@ def test_the_issues_opinfo_rows_match_eager(mode):
     results, _ = opinfo.run(ISSUE_ROWS[mode], mode=mode)
     missing = [w for w in ISSUE_ROWS[mode] if not any(r.name == w or r.name.startswith(w + ".") for r in results)]
     assert not missing, missing  # every row ran (none skipped as random, none without its dtype)
-    here = _on_the_cpu_here(mode)
+    here = on_the_cpu_here(float64=mode == "float64")
     bad = [(r.name, r.status, r.problem, r.counters) for r in results
            if r.status != "ok" and not (r.status == "fallback" and set(r.counters) <= here)]
     assert not bad, bad
-
-
-def _on_the_cpu_here(mode):
-    """``aten::<op>`` of the ops this device runs on the CPU by rule in ``mode``: those whose
-    lowering does not compile on its platform (``registry.PLATFORMS``; a TPU's ``linalg.eig``), and
-    in float64 where float64 is emulated, ``registry.NATIVE_FLOAT64``'s (a TPU's eigh)."""
-    import jax
-    from lazyxla.lowering.registry import NATIVE_FLOAT64, PLATFORMS
-    from lazyxla.xla import widths
-    platform = jax.local_devices()[0].platform
-    ops = [op for op, where in PLATFORMS.items() if platform not in where]
-    if mode == "float64" and not widths.float64_native():
-        ops += list(NATIVE_FLOAT64)
-    return {op.name() for op in ops}
 
 
 def test_cli_runs_a_dtype_and_gradients(tmp_path, capsys):

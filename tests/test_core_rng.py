@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import lazyxla
-from lazyhelp import cnt
+from lazyhelp import cnt, in_a_child
 import lazyxla.debug.metrics as met
 
 DEV = lazyxla.device()
@@ -180,8 +180,7 @@ def test_same_seed_same_numbers_across_processes():
     assert [a.cpu().tolist(), b.cpu().tolist()] == outs[0]
 
 
-@pytest.mark.cpu_only("its work runs in a child process, on XLA:CPU while this one holds the TPU: "
-                      "host code (a fresh process's seed)")
+@in_a_child("a fresh process's seed")
 def test_default_seed_is_101():
     # A fresh process uses seed 101: its first draw equals a draw after manual_seed(101).
     script = textwrap.dedent("""
@@ -247,8 +246,7 @@ print(json.dumps({"values": y.cpu().tolist(), "key": key}))
 """
 
 
-@pytest.mark.cpu_only("its work runs in a child process, on XLA:CPU while this one holds the TPU: "
-                      "host code (the generator in the key)")
+@in_a_child("the generator in the key")
 def test_the_bit_generator_is_part_of_every_key():
     """``LAZYXLA_PRNG_IMPL`` changes the numbers a seed gives, so it is in the compile
     environment: a program stored under one generator is never loaded under the other."""

@@ -10,6 +10,7 @@ import lazyxla
 import lazyxla.debug as debug
 import lazyxla.debug.metrics as met
 from lazyxla.compiler.cache import computation_cache
+from lazyhelp import in_a_child
 
 DEV = lazyxla.device()
 pytestmark = pytest.mark.usefixtures("exact_shapes")  # compile counts of fresh sizes: one program per shape
@@ -130,8 +131,7 @@ def _run(code, env):
     return r.stdout.strip()
 
 
-@pytest.mark.cpu_only("its work runs in a child process, on XLA:CPU while this one holds the TPU: "
-                      "host code (the variable)")
+@in_a_child("the variable")
 def test_param_aliasing_env_off_disables_donation():
     code = """
         import torch, lazyxla, lazyxla.debug as d, lazyxla.debug.metrics as met

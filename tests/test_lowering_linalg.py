@@ -16,7 +16,7 @@ import torch
 import lazyxla
 import lazyxla.debug.metrics as met
 from lazyxla.frontend.signature import LazyXlaError
-from lazyhelp import json_runs
+from lazyhelp import in_a_child, json_runs, on_the_cpu_here
 
 DEV = lazyxla.device()
 F32 = dict(rtol=1e-4, atol=1e-4)
@@ -33,23 +33,15 @@ def _map(fn, x):
     return x
 
 
-def _not_lowered_here():
-    """``aten::<op>`` of the ops whose lowering does not compile on this platform
-    (``registry.PLATFORMS``): they run on the CPU here."""
-    import jax
-    from lazyxla.lowering.registry import PLATFORMS
-    here = jax.local_devices()[0].platform
-    return {"aten::" + op.name().split("::")[-1] for op, where in PLATFORMS.items() if here not in where}
-
-
 def _lazy(fn, *inputs):
     """``fn`` on device copies of ``inputs``, read back; asserts no op fell back to the CPU but
-    those this platform has no lowering for."""
+    those this device runs there by rule (a TPU's eig, and its eigh in float64)."""
     met.clear_counters()
     out = fn(*_map(lambda t: t.to(DEV), inputs))
     lazyxla.sync()
     got = _map(lambda t: t.cpu(), out)
-    fallbacks = [n for n in met.counter_names() if n.startswith("aten::") and n not in _not_lowered_here()]
+    here = on_the_cpu_here(float64=True)
+    fallbacks = [n for n in met.counter_names() if n.startswith("aten::") and n not in here]
     assert not fallbacks, fallbacks
     return got
 
@@ -265,8 +257,7 @@ def test_eig_complex_results():
         torch.testing.assert_close(v * _align(v, V, -2), V, **F32)
 
 
-@pytest.mark.cpu_only("its work runs in a child process, on XLA:CPU while this one holds the TPU: "
-                      "host code (the platform rule, simulated; on a TPU test_eig_complex_results runs it)")
+@in_a_child("the platform rule, simulated; on a TPU test_eig_complex_results runs it")
 def test_eig_runs_on_the_cpu_where_it_does_not_compile():
     """XLA's TPU compiler has no nonsymmetric eigendecomposition (``linalg.eig`` failed to compile
     on a v5e): there the op runs on the CPU, counted as ``aten::linalg_eig``, with eager's values,

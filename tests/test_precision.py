@@ -18,6 +18,7 @@ import lazyxla
 import lazyxla.debug.metrics as met
 from lazyxla import backends
 from lazyxla.xla import precision
+from lazyhelp import in_a_child
 
 DEV = lazyxla.device()
 
@@ -30,8 +31,7 @@ def setting_restored():
     backends.set_mat_mul_precision(was)
 
 
-@pytest.mark.cpu_only("its work runs in a child process, on XLA:CPU while this one holds the TPU: "
-                      "host code (the setting's default and names)")
+@in_a_child("the setting's default and names")
 def test_default_is_torch_xlas_and_a_bad_name_is_refused():
     code = "import lazyxla; print(lazyxla.backends.get_mat_mul_precision())"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -109,8 +109,7 @@ def test_rules_name_every_family_the_lowerings_ask_for():
     assert {f for f, (rule, _) in precision.RULES.items() if rule == "setting"} >= {"matmul", "conv"}
 
 
-@pytest.mark.cpu_only("its work runs in a child process, on XLA:CPU while this one holds the TPU: "
-                      "host code (torch_xla's names under lazyxla run)")
+@in_a_child("torch_xla's names under lazyxla run")
 def test_torch_xla_backends_under_lazyxla_run(tmp_path):
     script = tmp_path / "prec.py"
     script.write_text(textwrap.dedent("""

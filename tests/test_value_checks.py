@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import lazyxla
 from lazyxla.run import execution
-from lazyhelp import json_runs
+from lazyhelp import in_a_child, json_runs
 
 DEV = lazyxla.device()
 HERE = os.path.basename(__file__)
@@ -163,8 +163,7 @@ print(json.dumps({"value": y.cpu().tolist(), "key": key,
 """
 
 
-@pytest.mark.cpu_only("its work runs in a child process, on XLA:CPU while this one holds the TPU: "
-                      "host code (the variable and the key)")
+@in_a_child("the variable and the key")
 def test_the_switch_turns_the_checks_off():
     off, = json_runs(OFF, LAZYXLA_CHECK_VALUES="0")
     assert off["env"] == "0" and len(off["value"]) == 1  # no error: XLA's clamped gather, as before
@@ -207,8 +206,7 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.cpu_only("its work runs in a child process, on XLA:CPU while this one holds the TPU: "
-                      "host code (the persistent cache)")
+@in_a_child("the persistent cache")
 def test_a_program_from_the_persistent_cache_keeps_its_checks(tmp_path):
     script = PERSIST.replace("int(sys.argv[1]) if len(sys.argv) > 1 else 2", "IDX")
     first, = json_runs(script.replace("IDX", "2"), XLA_PERSISTENT_CACHE_PATH=str(tmp_path))

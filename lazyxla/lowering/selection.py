@@ -28,7 +28,6 @@ from ..xla.widths import long_dtype
 from .registry import register
 
 
-
 # ---------------------------------------------------------------------------------------
 # Rows: the reduced dim moved last, the others flattened.
 def _rows(x, dim):
