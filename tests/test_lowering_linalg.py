@@ -262,8 +262,9 @@ def test_eig_runs_on_the_cpu_where_it_does_not_compile():
     """XLA's TPU compiler has no nonsymmetric eigendecomposition (``linalg.eig`` failed to compile
     on a v5e): there the op runs on the CPU, counted as ``aten::linalg_eig``, with eager's values,
     while eigh stays lowered. In float64, which a TPU emulates, eigh gave NaN eigenvectors: a
-    float64 eigh runs on the CPU there (``registry.NATIVE_FLOAT64``). The platform is simulated
-    in a process of its own."""
+    float64 eigh runs on the CPU there (``registry.NATIVE_FLOAT64``), and so does hash_tensor of a
+    float64 input (its emulated bits are not IEEE's). The platform is simulated in a process of
+    its own."""
     code = textwrap.dedent("""
         import json, torch, lazyxla
         import lazyxla.debug.metrics as met
@@ -279,12 +280,16 @@ def test_eig_runs_on_the_cpu_where_it_does_not_compile():
         lowered = met.counter_value("aten::_linalg_eigh")
         h64, v64 = torch.linalg.eigh((x @ x.T).double().to(d))
         e64, ev64 = torch.linalg.eigh((x @ x.T).double())
-        print(json.dumps([met.counter_value("aten::linalg_eig"), lowered, met.counter_value("aten::_linalg_eigh"),
+        hashed = [torch.hash_tensor(x.double().to(d)).cpu() == torch.hash_tensor(x.double()),
+                  torch.hash_tensor(x.to(d)).cpu() == torch.hash_tensor(x)]
+        print(json.dumps([met.counter_value("aten::hash_tensor"), [bool(h) for h in hashed],
+                          met.counter_value("aten::linalg_eig"), lowered, met.counter_value("aten::_linalg_eigh"),
                           torch.allclose(w.cpu(), torch.linalg.eig(x)[0]), type(w).__name__,
                           torch.allclose(h.cpu(), torch.linalg.eigvalsh(x @ x.T), atol=1e-4),
                           torch.equal(h64.cpu(), e64), torch.equal(v64.cpu(), ev64), h64.dtype == torch.float64]))
     """)
-    eig, eigh, eigh64, same, kind, same_h, same_h64, same_v64, f64 = json_runs(code, JAX_PLATFORMS="cpu")[0]
+    hashes, hashed, eig, eigh, eigh64, same, kind, same_h, same_h64, same_v64, f64 = json_runs(code, JAX_PLATFORMS="cpu")[0]
+    assert hashes == 1 and hashed == [True, True]  # float64's hash on the CPU, float32's lowered
     assert eig == 1 and not eigh and eigh64 == 1
     assert same and same_h and kind == "LazyTensor"
     assert same_h64 and same_v64 and f64

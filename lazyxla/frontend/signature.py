@@ -218,7 +218,8 @@ def new_entry(func, info, args, kwargs, where) -> Entry:
         return Entry(None, "const", const=mout)
     low = None if target is None else lowering.get(
         target, jax_device().platform,
-        emulated_float64=any(o.dtype == torch.float64 for o in outs) and not widths.float64_native())
+        emulated_float64=not widths.float64_native() and any(
+            o.dtype == torch.float64 for o in flat_tensors([outs, args, list((kwargs or {}).values())], [])))
     if low is None or not outs:  # an op that writes its arguments and returns nothing is never a constant
         if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
             return Entry(None, "implicit")

@@ -123,7 +123,7 @@ def _is_any_true(sig, x):
     return jnp.any(x)
 
 
-@register("hash_tensor.default", zero_d="input")
+@register("hash_tensor.default", zero_d="input", native_float64=True)
 def _hash_tensor(sig, x, dim=(), keepdim=False, mode=0):
     """mode 0: the xor of the elements' bits, each widened to 64 bits first (floats to
     float64, integers and bools to int64) and read as uint64."""

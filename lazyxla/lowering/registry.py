@@ -48,8 +48,9 @@ OUTPUT_DTYPES: dict = {}
 # counted as ``aten::<op>``), as torch_xla's TPU runs what XLA has no kernel for.
 PLATFORMS: dict = {}
 # Ops whose lowering is wrong in float64 where the device emulates it (a TPU keeps float64 as
-# two float32s: ``xla.widths.FLOAT64_NATIVE``): a call with a float64 output gets no lowering
-# there (``get``), and runs on the CPU as ``aten::<op>``, with eager's values.
+# two float32s: ``xla.widths.FLOAT64_NATIVE``): a call with a float64 input or output gets no
+# lowering there (``get``), and runs on the CPU as ``aten::<op>``, with eager's values (a TPU's
+# float64 eigh: NaN eigenvectors; hash_tensor of float64: the pair's bits are not IEEE's).
 NATIVE_FLOAT64: set = set()
 
 
@@ -111,8 +112,8 @@ def output_dtypes(*ops):
 
 def get(func, platform=None, emulated_float64=False):
     """``func``'s lowering, or None; with ``platform``, None where it does not compile there
-    (``PLATFORMS``); with ``emulated_float64`` (a call with a float64 output, on a device that
-    emulates float64), None for ``NATIVE_FLOAT64``'s ops."""
+    (``PLATFORMS``); with ``emulated_float64`` (a call with a float64 input or output, on a
+    device that emulates float64), None for ``NATIVE_FLOAT64``'s ops."""
     only = PLATFORMS.get(func)
     if only is not None and platform is not None and platform not in only:
         return None

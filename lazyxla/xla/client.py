@@ -174,11 +174,14 @@ def _download(a, dt):
         else:  # the other processes' blocks: a collective, which every process must join
             from jax.experimental import multihost_utils
             a = multihost_utils.process_allgather(a, tiled=True)
+    # a TPU may keep a program's output in another layout (a tied embedding, column-major), and
+    # numpy gives its array those strides: the tensor is made row-major, as ``.cpu()`` of a
+    # contiguous tensor is (safetensors writes a tensor's memory as it lies)
     npa = np.asarray(a)
     if dt == torch.bfloat16:
-        t = torch.from_numpy(npa.view(np.int16).copy()).view(torch.bfloat16)
+        t = torch.from_numpy(np.array(npa.view(np.int16), copy=True, order="C")).view(torch.bfloat16)
     else:
-        t = torch.from_numpy(np.array(npa, copy=True))
+        t = torch.from_numpy(np.array(npa, copy=True, order="C"))
         if t.dtype != dt:
             t = t.to(dt)
     metrics.metric_add("OutboundData", npa.nbytes, "bytes")
