@@ -26,6 +26,8 @@ pytest_plugins = ["pytester"]  # tests/test_accelerator_policy.py collects small
 def pytest_configure(config):
     config.addinivalue_line("markers", "cpu_only(reason): the test runs on XLA:CPU only; on an accelerator "
                                        "it is skipped with the reason")
+    config.addinivalue_line("markers", "float64: the test's work is float64 throughout (FLOAT64_FILES' rule applies, "
+                            "as to a float64 parameter)")
     config.addinivalue_line("markers", "device: the test checks what the device computes or holds (values "
                                        "against eager, dtypes, kernels, precision, donation): the TPU's suite")
 
@@ -98,6 +100,9 @@ FLOAT64_EMULATED = ("float64 is emulated on this device (two float32s): each flo
 
 
 def _float64_case(item) -> bool:
+    """A test parametrized with float64, or marked ``float64`` (its work is float64 throughout)."""
+    if item.get_closest_marker("float64") is not None:
+        return True
     spec = getattr(item, "callspec", None)
     return spec is not None and any(v is torch.float64 for v in spec.params.values())
 
@@ -140,9 +145,21 @@ ACCELERATOR = {
 }
 
 
+def _dtype_tolerances(actual, expected):
+    """torch.testing's own tolerances for these tensors' dtypes (bfloat16's 1.6e-2), (0, 0) for
+    what is not a tensor: loosening must not tighten them."""
+    try:
+        from torch.testing._comparison import default_tolerances
+        return default_tolerances(actual, expected)
+    except Exception:  # noqa: BLE001 - lists, numbers, a torch without the helper
+        return 0.0, 0.0
+
+
 def _loosened(assert_close):
     def on_an_accelerator(actual, expected, *args, rtol=None, atol=None, **kw):
         if (rtol, atol) != (0, 0):
+            if rtol is None and atol is None:
+                rtol, atol = _dtype_tolerances(actual, expected)
             rtol, atol = max(rtol or 0.0, ACCELERATOR["rtol"]), max(atol or 0.0, ACCELERATOR["atol"])
         return assert_close(actual, expected, *args, rtol=rtol, atol=atol, **kw)
     return on_an_accelerator

@@ -18,6 +18,8 @@ def test_float_comparisons_are_floored_and_exact_ones_stay_exact():
         close(want * (1 + 1e-2), want)  # beyond the floor
     with pytest.raises(AssertionError):
         close(want * (1 + 1e-7), want, rtol=0, atol=0)  # asked to be exact: exact
+    half = torch.tensor([8.9375, -122.5], dtype=torch.bfloat16)  # a v5e's x ** 3 against eager's 9, -123
+    close(half, torch.tensor([9.0, -123.0], dtype=torch.bfloat16))  # bfloat16's own default (1.6e-2) kept
     approx = conftest._approx_loosened(pytest.approx)
     assert 1.001 == approx(1.0, rel=1e-6)
     assert 1.01 != approx(1.0)
@@ -25,7 +27,7 @@ def test_float_comparisons_are_floored_and_exact_ones_stay_exact():
 
 
 def _items(pytester, name, source):
-    pytester.makeini("[pytest]\nmarkers =\n    cpu_only(reason): as the suite's\n")
+    pytester.makeini("[pytest]\nmarkers =\n    cpu_only(reason): as the suite's\n    float64: as the suite's\n")
     pytester.makepyfile(**{name: source})
     return pytester.getitems(pytester.path / f"{name}.py")
 
@@ -70,6 +72,8 @@ def test_float64_cases_run_in_the_float64_files_only_where_float64_is_emulated(p
         import pytest, torch
         @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
         def test_d(dtype): pass
+        @pytest.mark.float64
+        def test_e(): pass
     """
     from lazyxla.xla import widths
     monkeypatch.setattr(conftest, "FLOAT64_FILES", ("test_float64_home.py",))  # (a real file's module is imported)
@@ -79,4 +83,5 @@ def test_float64_cases_run_in_the_float64_files_only_where_float64_is_emulated(p
         conftest.pytest_collection_modifyitems(None, items)
         skips = {i.name: [m.kwargs.get("reason") for m in i.iter_markers("skip")] for i in items}
         emulated_elsewhere = not native and name == "test_elsewhere"
-        assert skips == {"test_d[dtype0]": [], "test_d[dtype1]": [conftest.FLOAT64_EMULATED] if emulated_elsewhere else []}
+        f64 = [conftest.FLOAT64_EMULATED] if emulated_elsewhere else []
+        assert skips == {"test_d[dtype0]": [], "test_d[dtype1]": f64, "test_e": f64}

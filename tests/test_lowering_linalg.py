@@ -263,8 +263,9 @@ def test_eig_runs_on_the_cpu_where_it_does_not_compile():
     on a v5e): there the op runs on the CPU, counted as ``aten::linalg_eig``, with eager's values,
     while eigh stays lowered. In float64, which a TPU emulates, eigh gave NaN eigenvectors: a
     float64 eigh runs on the CPU there (``registry.NATIVE_FLOAT64``), and so does hash_tensor of a
-    float64 input (its emulated bits are not IEEE's). The platform is simulated in a process of
-    its own."""
+    float64 input (its emulated bits are not IEEE's), float64 LU (solve: a TPU factors float32
+    only) and Bessel J0, each counted as itself, and lstsq's default driver, gelsy (a TPU has no
+    pivoted QR). The platform is simulated in a process of its own."""
     code = textwrap.dedent("""
         import json, torch, lazyxla
         import lazyxla.debug.metrics as met
@@ -280,15 +281,24 @@ def test_eig_runs_on_the_cpu_where_it_does_not_compile():
         lowered = met.counter_value("aten::_linalg_eigh")
         h64, v64 = torch.linalg.eigh((x @ x.T).double().to(d))
         e64, ev64 = torch.linalg.eigh((x @ x.T).double())
+        sol = [torch.linalg.lstsq(x.to(d), x[:, :2].to(d), driver=drv).solution.cpu() for drv in (None, "gels")]
+        solved = [met.counter_value("aten::linalg_lstsq"),
+                  all(torch.allclose(s, torch.linalg.lstsq(x, x[:, :2]).solution, atol=1e-4) for s in sol)]
+        spd64 = (x @ x.T + 4 * torch.eye(4)).double()
+        wide = [torch.equal(torch.linalg.solve(spd64.to(d), x.double().to(d)).cpu(), torch.linalg.solve(spd64, x.double())),
+                torch.equal(torch.special.bessel_j0(x.double().to(d)).cpu(), torch.special.bessel_j0(x.double())),
+                met.counter_value("aten::_linalg_solve_ex"), met.counter_value("aten::special_bessel_j0")]
         hashed = [torch.hash_tensor(x.double().to(d)).cpu() == torch.hash_tensor(x.double()),
                   torch.hash_tensor(x.to(d)).cpu() == torch.hash_tensor(x)]
-        print(json.dumps([met.counter_value("aten::hash_tensor"), [bool(h) for h in hashed],
+        print(json.dumps([wide, solved, met.counter_value("aten::hash_tensor"), [bool(h) for h in hashed],
                           met.counter_value("aten::linalg_eig"), lowered, met.counter_value("aten::_linalg_eigh"),
                           torch.allclose(w.cpu(), torch.linalg.eig(x)[0]), type(w).__name__,
                           torch.allclose(h.cpu(), torch.linalg.eigvalsh(x @ x.T), atol=1e-4),
                           torch.equal(h64.cpu(), e64), torch.equal(v64.cpu(), ev64), h64.dtype == torch.float64]))
     """)
-    hashes, hashed, eig, eigh, eigh64, same, kind, same_h, same_h64, same_v64, f64 = json_runs(code, JAX_PLATFORMS="cpu")[0]
+    wide, solved, hashes, hashed, eig, eigh, eigh64, same, kind, same_h, same_h64, same_v64, f64 = json_runs(code, JAX_PLATFORMS="cpu")[0]
+    assert wide == [True, True, 1, 1]  # float64 LU (a TPU's is float32 only) and Bessel J0 on the CPU, as themselves
+    assert solved == [1, True]  # lstsq's gelsy (its default) on the CPU, gels lowered: a TPU has no pivoted QR
     assert hashes == 1 and hashed == [True, True]  # float64's hash on the CPU, float32's lowered
     assert eig == 1 and not eigh and eigh64 == 1
     assert same and same_h and kind == "LazyTensor"

@@ -112,6 +112,10 @@ def _trsm(a, b, *, lower, left=True, adjoint=False, transpose=False, unit=False)
 
 # ---------------------------------------------------------------------------------------
 # LU.
+# XLA's TPU compiler factors LU in float32 and complex64 only ("Only F32 and C64 types are
+# implemented in LuDecomposition", a v5e): the ops that factor (solve, inv, lu_factor, lu and
+# matrix_exp, whose Pade step solves) run on the CPU there in float64 and complex128
+# (``registry.NATIVE_FLOAT64``)
 def _lu(a):
     """getrf: (LU, 1-based int32 pivots, 0-based row permutation with a[perm] = L @ U, info)."""
     m, n = a.shape[-2:]
@@ -147,7 +151,7 @@ def _lu_solve_left(lu, perm, b, adjoint):
     return _rows(y, jnp.argsort(perm, axis=-1))  # x[perm] = y
 
 
-@register("linalg_lu_factor_ex.default")
+@register("linalg_lu_factor_ex.default", native_float64=True)
 def lu_factor_ex(sig, A, *, pivot=True, check_errors=False):
     if not pivot:
         raise NotImplementedError("linalg.lu_factor: LU without pivoting is not implemented on the CPU")
@@ -173,7 +177,7 @@ def lu_solve(sig, LU, pivots, B, *, left=True, adjoint=False):
     return _solve(LU, pivots, B, _batch(sig), _dt(sig), left, adjoint)
 
 
-@register("_linalg_solve_ex.default")
+@register("_linalg_solve_ex.default", native_float64=True)
 def solve_ex(sig, A, B, *, left=True, check_errors=False):
     """(X, LU, pivots, info): PyTorch factors A itself here (unlike det and slogdet, below);
     B is a batch of vectors when it has A's shape without its last dim (or is 1-d)."""
@@ -186,7 +190,7 @@ def solve_ex(sig, A, B, *, left=True, check_errors=False):
     return X, lu, piv, info
 
 
-@register("linalg_inv_ex.default")
+@register("linalg_inv_ex.default", native_float64=True)
 def inv_ex(sig, A, *, check_errors=False):
     """(A^-1, info), as PyTorch computes it: A X = I through the LU of A."""
     lu, piv, _, info = _lu(A)
@@ -215,7 +219,7 @@ def lu_unpack(sig, LU_data, LU_pivots, unpack_data=True, unpack_pivots=True):
             U if unpack_data else _empty(sig, 2))
 
 
-@register("linalg_lu.default")
+@register("linalg_lu.default", native_float64=True)
 def linalg_lu(sig, A, *, pivot=True):
     if not pivot:
         raise NotImplementedError("linalg.lu: LU without pivoting is not implemented on the CPU")
@@ -640,8 +644,22 @@ def svd(sig, A, full_matrices=False, compute_uv=True, *, driver=None):
 # OpInfo row): float64 calls run on the CPU there (``registry.NATIVE_FLOAT64``)
 @register("_linalg_eigh.default", native_float64=True)
 def eigh(sig, A, UPLO="L", compute_v=True):
-    v, w = lax.linalg.eigh(A, lower=UPLO.upper() == "L", symmetrize_input=False)
+    v, w = lax.linalg.eigh(_hermitian_from(A, UPLO.upper() == "L"), lower=True, symmetrize_input=False)
     return w, (v if compute_v else _empty(sig, 1))
+
+
+def _hermitian_from(A, lower):
+    """The Hermitian matrix whose ``lower`` (or upper) triangle is A's, the diagonal's real part:
+    what LAPACK reads. XLA's TPU eigh reads the whole matrix whatever ``lower`` says (a v5e:
+    eigh of a matrix that is not symmetric, UPLO's triangle ignored), so the lowering writes
+    the matrix out itself."""
+    tri = jnp.tril(A) if lower else jnp.triu(A)
+    strict = jnp.tril(A, -1) if lower else jnp.triu(A, 1)
+    full = tri + _mH(strict)
+    if jnp.iscomplexobj(A):
+        eye = jnp.eye(A.shape[-1], dtype=bool)
+        full = jnp.where(eye, jnp.real(full).astype(A.dtype), full)
+    return full
 
 
 # XLA's TPU compiler has no nonsymmetric eigendecomposition (a v5e: "could not compile"): on a
@@ -672,7 +690,7 @@ def pinv(sig, A, *, atol=None, rtol=None, hermitian=False):
         default = float(jnp.finfo(A.dtype).eps) * max(m, n)
         rtol_ = jnp.full((), default, f64) if atol is None else jnp.where(atol_ > 0, 0.0, default)
     if hermitian:
-        v, w = lax.linalg.eigh(A, lower=True, symmetrize_input=False)
+        v, w = lax.linalg.eigh(_hermitian_from(A, True), lower=True, symmetrize_input=False)
         wa = jnp.abs(w)
         tol = jnp.maximum(atol_[..., None], rtol_[..., None] * jnp.max(wa, axis=-1, keepdims=True).astype(f64))
         wp = jnp.where(wa.astype(f64) > tol, 1 / w, 0).astype(A.dtype)
@@ -831,7 +849,15 @@ def _sv_threshold(s, rcond, driver, real):
     return s > jnp.maximum(rc * smax, float(fin.tiny))
 
 
-@register("linalg_lstsq.default")
+def _gelsy_compiles(platform, args, kwargs):
+    """gelsy (the default driver) factors with a pivoted QR (``geqp3``), which XLA's TPU
+    compiler does not have (a v5e: "MLIR translation rule for primitive 'geqp3' not found"):
+    there such a call runs on the CPU (``registry.CALL_PLATFORMS``), the other drivers on the
+    chip."""
+    return platform != "tpu" or kwargs.get("driver") not in (None, "gelsy")
+
+
+@register("linalg_lstsq.default", compiles=_gelsy_compiles)
 def lstsq(sig, A, B, rcond=None, *, driver=None):
     """(solution, residuals, rank, singular values) as LAPACK's drivers give them, the
     matrices factored once (A's batch) and the solves broadcast:
@@ -892,7 +918,7 @@ def lstsq(sig, A, B, rcond=None, *, driver=None):
 
 
 # ---------------------------------------------------------------------------------------
-@register("linalg_matrix_exp.default")
+@register("linalg_matrix_exp.default", native_float64=True)
 def matrix_exp(sig, A):
     if A.dtype in (jnp.float16, jnp.bfloat16):  # JAX's expm refuses them: float32, rounded at the end
         return jsl.expm(A.astype(jnp.float32)).astype(A.dtype)

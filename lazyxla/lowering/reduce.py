@@ -123,14 +123,38 @@ def _is_any_true(sig, x):
     return jnp.any(x)
 
 
+def _float64_bits(x):
+    """The IEEE bits of float32 ``x`` widened to float64, by integer arithmetic: where float64
+    is emulated (a TPU's pair of float32s) a widened value's bits are the pair's, not IEEE's
+    (a v5e hashed bfloat16 1.5 as 0x3FBF...). Normal numbers rebias the exponent (127 -> 1023)
+    and shift the mantissa by 29; infinities and NaN keep theirs under exponent 0x7FF; a
+    subnormal float32 is a normal float64, its leading one found by counting zeros."""
+    b = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    u = b.astype(jnp.uint64)
+    sign = (u >> 31) << 63
+    exp = (b >> 23) & 0xFF
+    man = (b & 0x7FFFFF).astype(jnp.uint64)
+    normal = ((exp.astype(jnp.uint64) + 896) << 52) | (man << 29)
+    special = (jnp.uint64(0x7FF) << 52) | (man << 29)
+    top = 31 - jax.lax.clz(b & 0x7FFFFF).astype(jnp.int32)  # the subnormal's leading one, bit 0..22
+    top_c = jnp.clip(top, 0, 22)
+    sub_exp = (top_c + (1023 - 149)).astype(jnp.uint64)
+    sub_man = (man - (jnp.uint64(1) << top_c.astype(jnp.uint64))) << (52 - top_c).astype(jnp.uint64)
+    subnormal = (sub_exp << 52) | sub_man
+    body = jnp.where(exp == 0xFF, special, jnp.where(exp != 0, normal, jnp.where(man == 0, jnp.uint64(0), subnormal)))
+    return sign | body
+
+
 @register("hash_tensor.default", zero_d="input", native_float64=True)
 def _hash_tensor(sig, x, dim=(), keepdim=False, mode=0):
     """mode 0: the xor of the elements' bits, each widened to 64 bits first (floats to
     float64, integers and bools to int64) and read as uint64."""
     if mode != 0:
         raise NotImplementedError(f"aten::hash_tensor: mode {mode}")
-    if jnp.issubdtype(x.dtype, jnp.floating):
-        bits = jax.lax.bitcast_convert_type(x.astype(jnp.float64), jnp.uint64)
+    if x.dtype == jnp.float64:
+        bits = jax.lax.bitcast_convert_type(x, jnp.uint64)
+    elif jnp.issubdtype(x.dtype, jnp.floating):
+        bits = _float64_bits(x.astype(jnp.float32))
     elif x.dtype == jnp.uint64:
         bits = x
     else:

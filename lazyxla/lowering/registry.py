@@ -47,11 +47,16 @@ OUTPUT_DTYPES: dict = {}
 # ``platform``). Elsewhere ``get`` says there is none, and the op runs on the CPU (R1.7,
 # counted as ``aten::<op>``), as torch_xla's TPU runs what XLA has no kernel for.
 PLATFORMS: dict = {}
-# Ops whose lowering is wrong in float64 where the device emulates it (a TPU keeps float64 as
-# two float32s: ``xla.widths.FLOAT64_NATIVE``): a call with a float64 input or output gets no
-# lowering there (``get``), and runs on the CPU as ``aten::<op>``, with eager's values (a TPU's
-# float64 eigh: NaN eigenvectors; hash_tensor of float64: the pair's bits are not IEEE's).
+# Ops whose lowering is wrong, or does not compile, in float64 where the device emulates it (a
+# TPU keeps float64 as two float32s: ``xla.widths.FLOAT64_NATIVE``): a call with a float64 or
+# complex128 input or output gets no lowering there (``get``), and runs on the CPU as
+# ``aten::<op>``, with eager's values (a v5e's float64 eigh: NaN eigenvectors; hash_tensor of
+# float64: the pair's bits are not IEEE's; LU: float32 and complex64 only).
 NATIVE_FLOAT64: set = set()
+# Ops whose lowering compiles on some platforms only for some calls: op -> ``rule(platform,
+# args, kwargs)``, whether this call's lowering compiles there (a TPU has no pivoted QR, so
+# lstsq's gelsy driver runs on the CPU there, its other drivers on the chip). As PLATFORMS.
+CALL_PLATFORMS: dict = {}
 
 
 def _resolve(op):
@@ -68,9 +73,11 @@ def _resolve(op):
     raise TypeError(op)
 
 
-def register(*ops, random=False, static=(), zero_d=None, platforms=None, native_float64=False):
+def register(*ops, random=False, static=(), zero_d=None, platforms=None, native_float64=False, compiles=None):
     """Decorator: ``@register("add.Tensor", aten.sub.Tensor, ..., static=("ord",))``;
     ``platforms``: where the lowering compiles, when not everywhere (``PLATFORMS``);
+    ``compiles``: ``rule(platform, args, kwargs)``, for calls that compile on some platforms
+    only (``CALL_PLATFORMS``);
     ``native_float64``: lowered in float64 only where float64 is native (``NATIVE_FLOAT64``)."""
     def deco(fn):
         for op in ops:
@@ -78,6 +85,8 @@ def register(*ops, random=False, static=(), zero_d=None, platforms=None, native_
                 LOWERINGS[o] = fn
                 if platforms is not None:
                     PLATFORMS[o] = frozenset(platforms)
+                if compiles is not None:
+                    CALL_PLATFORMS[o] = compiles
                 if native_float64:
                     NATIVE_FLOAT64.add(o)
                 if random:
@@ -110,12 +119,16 @@ def output_dtypes(*ops):
     return deco
 
 
-def get(func, platform=None, emulated_float64=False):
+def get(func, platform=None, emulated_float64=False, call=None):
     """``func``'s lowering, or None; with ``platform``, None where it does not compile there
     (``PLATFORMS``); with ``emulated_float64`` (a call with a float64 input or output, on a
-    device that emulates float64), None for ``NATIVE_FLOAT64``'s ops."""
+    device that emulates float64), None for ``NATIVE_FLOAT64``'s ops; with ``call`` (its
+    ``(args, kwargs)``), None where ``CALL_PLATFORMS``' rule says it does not compile."""
     only = PLATFORMS.get(func)
     if only is not None and platform is not None and platform not in only:
+        return None
+    rule = CALL_PLATFORMS.get(func)
+    if rule is not None and platform is not None and call is not None and not rule(platform, *call):
         return None
     if emulated_float64 and func in NATIVE_FLOAT64:
         return None

@@ -413,7 +413,10 @@ def digamma(x):
     t = jnp.tan(math.pi * r)
     out = jnp.where(neg, pos - math.pi / jnp.where(t == 0, jnp.ones_like(t), t), pos)
     out = jnp.where(neg & (r == 0), jnp.nan, out)
-    return jnp.where(w == 0, jnp.copysign(jnp.inf, -w), out).astype(x.dtype)
+    # -1 / w is the zero's infinity (-inf at +0, +inf at -0); copysign reads the float64's sign
+    # bit, which XLA's TPU compiler failed to compile in emulated float64 (a v5e: "shift-right-
+    # arithmetic with different element types: s32 and u32")
+    return jnp.where(w == 0, -1 / w, out).astype(x.dtype)
 
 
 def _trigamma(x):
