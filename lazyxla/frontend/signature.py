@@ -109,8 +109,6 @@ def op_info(func) -> FuncInfo:
 
 
 SCALAR_TYPES = (int, float, bool, complex)
-# the dtypes a device may emulate (a TPU: float64 as two float32s; complex128 of those)
-_WIDE = (torch.float64, torch.complex128)
 
 
 # The special scalars (R1.5); the warm path tests ``v in SPECIAL_SCALARS`` inline.
@@ -221,7 +219,7 @@ def new_entry(func, info, args, kwargs, where) -> Entry:
     low = None if target is None else lowering.get(
         target, jax_device().platform,
         emulated_float64=not widths.float64_native() and any(
-            o.dtype in _WIDE for o in flat_tensors([outs, args, list((kwargs or {}).values())], [])),
+            widths.wide_float(o.dtype) for o in flat_tensors([outs, args, list((kwargs or {}).values())], [])),
         call=(args, kwargs or {}))
     if low is None or not outs:  # an op that writes its arguments and returns nothing is never a constant
         if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):

@@ -178,10 +178,11 @@ def _download(a, dt):
     # numpy gives its array those strides: the tensor is made row-major, as ``.cpu()`` of a
     # contiguous tensor is (safetensors writes a tensor's memory as it lies)
     npa = np.asarray(a)
+    host = np.array(npa, copy=True, order="C")
     if dt == torch.bfloat16:
-        t = torch.from_numpy(np.array(npa.view(np.int16), copy=True, order="C")).view(torch.bfloat16)
+        t = torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
     else:
-        t = torch.from_numpy(np.array(npa, copy=True, order="C"))
+        t = torch.from_numpy(host)
         if t.dtype != dt:
             t = t.to(dt)
     metrics.metric_add("OutboundData", npa.nbytes, "bytes")

@@ -153,6 +153,12 @@ def check_scalar(value: int) -> None:
 _WIDE_FLOATS = frozenset({"torch.float64", "torch.complex128"})
 
 
+def wide_float(dtype) -> bool:
+    """Whether ``dtype`` (torch's) is float64 or complex128: what a device without native float64
+    keeps as pairs of float32s (``FLOAT64_NATIVE``)."""
+    return str(dtype) in _WIDE_FLOATS
+
+
 def traced_narrow(metas, io=()) -> bool:
     """Whether a program is traced in JAX's 32-bit mode: int64 held in 32 bits, and none of its
     values (TensorMetas: ``shape``, ``dtype``, ``numel``) needs 64 bits: a uint64; a float64 or
