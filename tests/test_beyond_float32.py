@@ -263,7 +263,7 @@ def test_the_issues_opinfo_rows_match_eager(mode):
     results, _ = opinfo.run(ISSUE_ROWS[mode], mode=mode)
     missing = [w for w in ISSUE_ROWS[mode] if not any(r.name == w or r.name.startswith(w + ".") for r in results)]
     assert not missing, missing  # every row ran (none skipped as random, none without its dtype)
-    here = on_the_cpu_here(float64=mode == "float64")
+    here = on_the_cpu_here(float64=mode == "float64", float32=mode.startswith("float32"))
     bad = [(r.name, r.status, r.problem, r.counters) for r in results
            if r.status != "ok" and not (r.status == "fallback" and set(r.counters) <= here)]
     assert not bad, bad

@@ -265,7 +265,8 @@ def test_eig_runs_on_the_cpu_where_it_does_not_compile():
     float64 eigh runs on the CPU there (``registry.NATIVE_FLOAT64``), and so does hash_tensor of a
     float64 input (its emulated bits are not IEEE's), float64 LU (solve: a TPU factors float32
     only) and Bessel J0, each counted as itself, and lstsq's default driver, gelsy (a TPU has no
-    pivoted QR). The platform is simulated in a process of its own."""
+    pivoted QR); so do float32 calls of the ops that compute float32 in float64 (the special
+    functions, logcumsumexp). The platform is simulated in a process of its own."""
     code = textwrap.dedent("""
         import json, torch, lazyxla
         import lazyxla.debug.metrics as met
@@ -288,15 +289,23 @@ def test_eig_runs_on_the_cpu_where_it_does_not_compile():
         wide = [torch.equal(torch.linalg.solve(spd64.to(d), x.double().to(d)).cpu(), torch.linalg.solve(spd64, x.double())),
                 torch.equal(torch.special.bessel_j0(x.double().to(d)).cpu(), torch.special.bessel_j0(x.double())),
                 met.counter_value("aten::_linalg_solve_ex"), met.counter_value("aten::special_bessel_j0")]
+        narrow = [torch.equal(torch.special.digamma(x.to(d)).cpu(), torch.special.digamma(x)),
+                  torch.equal(torch.logcumsumexp(x.to(d), 0).cpu(), torch.logcumsumexp(x, 0)),
+                  met.counter_value("aten::digamma"), met.counter_value("aten::logcumsumexp")]
+        half = torch.special.digamma(x.bfloat16().to(d)).cpu()
+        narrow += [met.counter_value("aten::digamma"), half.dtype == torch.bfloat16]
         hashed = [torch.hash_tensor(x.double().to(d)).cpu() == torch.hash_tensor(x.double()),
                   torch.hash_tensor(x.to(d)).cpu() == torch.hash_tensor(x)]
-        print(json.dumps([wide, solved, met.counter_value("aten::hash_tensor"), [bool(h) for h in hashed],
+        print(json.dumps([narrow, wide, solved, met.counter_value("aten::hash_tensor"), [bool(h) for h in hashed],
                           met.counter_value("aten::linalg_eig"), lowered, met.counter_value("aten::_linalg_eigh"),
                           torch.allclose(w.cpu(), torch.linalg.eig(x)[0]), type(w).__name__,
                           torch.allclose(h.cpu(), torch.linalg.eigvalsh(x @ x.T), atol=1e-4),
                           torch.equal(h64.cpu(), e64), torch.equal(v64.cpu(), ev64), h64.dtype == torch.float64]))
     """)
-    wide, solved, hashes, hashed, eig, eigh, eigh64, same, kind, same_h, same_h64, same_v64, f64 = json_runs(code, JAX_PLATFORMS="cpu")[0]
+    narrow, wide, solved, hashes, hashed, eig, eigh, eigh64, same, kind, same_h, same_h64, same_v64, f64 = json_runs(code, JAX_PLATFORMS="cpu")[0]
+    # float32 calls of the special functions and logcumsumexp, whose work is float64, on the CPU as
+    # themselves, with eager's values; a bfloat16 call (its work float32) stays lowered
+    assert narrow == [True, True, 1, 1, 1, True]
     assert wide == [True, True, 1, 1]  # float64 LU (a TPU's is float32 only) and Bessel J0 on the CPU, as themselves
     assert solved == [1, True]  # lstsq's gelsy (its default) on the CPU, gels lowered: a TPU has no pivoted QR
     assert hashes == 1 and hashed == [True, True]  # float64's hash on the CPU, float32's lowered
@@ -318,6 +327,7 @@ def test_matrix_exp():
     check(lambda a, ab: (torch.linalg.matrix_exp(a / 4), torch.matrix_exp(ab / 4)), A, AB)
 
 
+@pytest.mark.float64
 def test_float64():
     check(lambda a, ab, s, b: (torch.linalg.inv(a), torch.linalg.det(ab), torch.linalg.solve(ab, b),
                                torch.linalg.cholesky(s), torch.linalg.qr(ab), torch.linalg.svdvals(ab),
@@ -326,6 +336,7 @@ def test_float64():
 
 
 # ---------------------------------------------------------------------------------------
+@pytest.mark.float64
 def test_autograd_matches_eager_without_fallback():
     """Backward formulas of inv, det (contiguous and transposed: PyTorch factors A^T for a
     contiguous A), solve, cholesky and a gauge-invariant SVD loss."""

@@ -21,7 +21,9 @@ from conftest import ON_CPU
 
 SCRIPT = textwrap.dedent("""
     import json, sys, torch, torch.nn.functional as F, lazyxla
+    from lazyxla.lowering import tpu_kernels
     d = lazyxla.device()
+    tpu_kernels._splash_kernel.cache_clear()
     out = {}
     for name, shape_q, shape_kv, kw in (("causal", (1, 2, 256, 64), (1, 2, 256, 64), dict(is_causal=True)),
                                         ("plain", (1, 2, 128, 64), (1, 2, 256, 64), {}),
@@ -45,6 +47,8 @@ SCRIPT = textwrap.dedent("""
                                              "kernels": text.count("tpu_custom_call")}
     x = torch.ones(2, 8).to(d)
     out["key"] = lazyxla.graph_hash([x * 3])
+    made = tpu_kernels._splash_kernel.cache_info()
+    out["made"] = [made.misses, made.hits]
     print(json.dumps(out))
 """)
 
@@ -89,6 +93,18 @@ def test_fitting_calls_run_the_kernel_with_eagers_values_and_gradients(runs):
                 fits = dt == "bfloat16" or backends.get_mat_mul_precision() == "default"
                 assert (r["kernels"] > 0) == fits, (case, dt, r)
             assert r["err"] < tol, (case, dt, r)
+
+
+def test_a_kernel_is_made_once_per_shape(runs):
+    """The splash kernel's masks (their block tables) are made once per heads, lengths and
+    causality, however many layers and programs call it: three shapes fit here, each called by
+    its forward and backward, in two dtypes, each first checked alone and then traced in its
+    program. With the kernels off none is made."""
+    mode = "interpret" if ON_CPU else "on"
+    misses, hits = runs[mode]["made"]
+    assert misses == 3 and hits >= 3, runs[mode]["made"]
+    if ON_CPU:
+        assert runs["off"]["made"] == [0, 0]
 
 
 def test_a_call_that_does_not_fit_keeps_the_xla_lowering(runs):

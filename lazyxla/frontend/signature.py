@@ -218,8 +218,8 @@ def new_entry(func, info, args, kwargs, where) -> Entry:
         return Entry(None, "const", const=mout)
     low = None if target is None else lowering.get(
         target, jax_device().platform,
-        emulated_float64=not widths.float64_native() and any(
-            widths.wide_float(o.dtype) for o in flat_tensors([outs, args, list((kwargs or {}).values())], [])),
+        emulated_float64=widths.emulated_widths(
+            o.dtype for o in flat_tensors([outs, args, list((kwargs or {}).values())], [])),
         call=(args, kwargs or {}))
     if low is None or not outs:  # an op that writes its arguments and returns nothing is never a constant
         if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):

@@ -4,7 +4,8 @@
 ``LOWERINGS`` (op -> lowering), ``RANDOM`` (ops that receive the step's seed),
 ``STATIC_ARGS`` (scalar arguments hashed into the node), ``ZERO_D_AS_VECTOR`` (ops run on
 0-d operands as 1-element vectors), ``PLATFORMS`` (ops lowered on some platforms only) and
-``NATIVE_FLOAT64`` (ops lowered in float64 only where the device computes it natively);
+``NATIVE_FLOAT64`` (ops whose calls of some float widths are lowered only where the device
+computes float64 natively);
 ``shape_rule`` fills ``SHAPE_RULES`` (output shapes of ops PyTorch has no meta kernel for); ``output_dtypes`` fills ``OUTPUT_DTYPES`` (the CPU kernel's
 output dtypes where its meta kernel says others). ``DECOMPOSITIONS`` holds PyTorch's decomposition table,
 loaded when this module is imported (``amp`` adds the gradient scaler's two ops to it).
@@ -51,8 +52,12 @@ PLATFORMS: dict = {}
 # TPU keeps float64 as two float32s: ``xla.widths.FLOAT64_NATIVE``): a call with a float64 or
 # complex128 input or output gets no lowering there (``get``), and runs on the CPU as
 # ``aten::<op>``, with eager's values (a v5e's float64 eigh: NaN eigenvectors; hash_tensor of
-# float64: the pair's bits are not IEEE's; LU: float32 and complex64 only).
-NATIVE_FLOAT64: set = set()
+# float64: the pair's bits are not IEEE's; LU: float32 and complex64 only). op -> the call
+# widths this holds for: ``{"float64"}``, or ``{"float32", "float64"}`` for a lowering that
+# computes float32 in float64 (the special functions: a v5e compiled their float32 program in
+# emulated float64 for 81 s, and bessel_j0, airy_ai, erfcx, digamma ... came out wrong).
+NATIVE_FLOAT64: dict = {}
+_FLOAT64, _FLOAT64_WORK = frozenset({"float64"}), frozenset({"float32", "float64"})
 # Ops whose lowering compiles on some platforms only for some calls: op -> ``rule(platform,
 # args, kwargs)``, whether this call's lowering compiles there (a TPU has no pivoted QR, so
 # lstsq's gelsy driver runs on the CPU there, its other drivers on the chip). As PLATFORMS.
@@ -78,7 +83,8 @@ def register(*ops, random=False, static=(), zero_d=None, platforms=None, native_
     ``platforms``: where the lowering compiles, when not everywhere (``PLATFORMS``);
     ``compiles``: ``rule(platform, args, kwargs)``, for calls that compile on some platforms
     only (``CALL_PLATFORMS``);
-    ``native_float64``: lowered in float64 only where float64 is native (``NATIVE_FLOAT64``)."""
+    ``native_float64``: ``True``: a float64 call lowered only where float64 is native;
+    ``"float32"``: float32 calls too, whose work is float64 (``NATIVE_FLOAT64``)."""
     def deco(fn):
         for op in ops:
             for o in _resolve(op):
@@ -88,7 +94,7 @@ def register(*ops, random=False, static=(), zero_d=None, platforms=None, native_
                 if compiles is not None:
                     CALL_PLATFORMS[o] = compiles
                 if native_float64:
-                    NATIVE_FLOAT64.add(o)
+                    NATIVE_FLOAT64[o] = _FLOAT64_WORK if native_float64 == "float32" else _FLOAT64
                 if random:
                     RANDOM.add(o)
                 if static:
@@ -119,10 +125,11 @@ def output_dtypes(*ops):
     return deco
 
 
-def get(func, platform=None, emulated_float64=False, call=None):
+def get(func, platform=None, emulated_float64=frozenset(), call=None):
     """``func``'s lowering, or None; with ``platform``, None where it does not compile there
-    (``PLATFORMS``); with ``emulated_float64`` (a call with a float64 input or output, on a
-    device that emulates float64), None for ``NATIVE_FLOAT64``'s ops; with ``call`` (its
+    (``PLATFORMS``); with ``emulated_float64`` (on a device that emulates float64, the call's
+    float widths: ``"float64"`` for a float64 or complex128 input or output, ``"float32"``),
+    None for ``NATIVE_FLOAT64``'s ops where it names one of them; with ``call`` (its
     ``(args, kwargs)``), None where ``CALL_PLATFORMS``' rule says it does not compile."""
     only = PLATFORMS.get(func)
     if only is not None and platform is not None and platform not in only:
@@ -130,7 +137,7 @@ def get(func, platform=None, emulated_float64=False, call=None):
     rule = CALL_PLATFORMS.get(func)
     if rule is not None and platform is not None and call is not None and not rule(platform, *call):
         return None
-    if emulated_float64 and func in NATIVE_FLOAT64:
+    if emulated_float64 and not emulated_float64.isdisjoint(NATIVE_FLOAT64.get(func, ())):
         return None
     return LOWERINGS.get(func)
 

@@ -17,9 +17,11 @@ Touches nothing.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..xla import precision
 from ..xla.client import tpu_kernels_mode
@@ -83,18 +85,31 @@ def _blocks(length, want):
     return b
 
 
-def _splash(q, k, v, is_causal, scale):
-    """Splash attention (JAX's block-sparse Pallas kernel: a causal mask's empty blocks are
-    skipped), the batch by ``vmap``; the kernel does not scale, so the queries are scaled first."""
+@functools.lru_cache(maxsize=64)
+def _splash_kernel(heads, L, S, is_causal, interpret):
+    """The splash kernel for these heads and lengths, as its pytree's structure and leaves (the
+    masks' block tables) in numpy. Making it (the masks' tables, numpy work) took most of the
+    1.1 s GPT-2 124M's trace spent in the kernel on a v5e's host, once per layer's call; it is
+    made once per shape, outside any trace (a JAX array made inside one trace and kept would be
+    another trace's closed-over constant)."""
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
-    _, H, L, _ = q.shape
-    S = k.shape[2]
     bq, bkv = _blocks(L, ATTENTION_BLOCKS[0]), _blocks(S, ATTENTION_BLOCKS[1])
     one = sa.CausalMask((L, S)) if is_causal else sa.FullMask((L, S))
     blocks = sa.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq, block_kv_dkv=bkv,
                            block_kv_dkv_compute=bkv, block_q_dq=bq, block_kv_dq=bkv)
-    kernel = sa.make_splash_mha(sa.MultiHeadMask([one] * H), block_sizes=blocks, head_shards=1, q_seq_shards=1,
-                                interpret=tpu_kernels_mode() == "interpret")
+    with jax.ensure_compile_time_eval():
+        kernel = sa.make_splash_mha(sa.MultiHeadMask([one] * heads), block_sizes=blocks, head_shards=1,
+                                    q_seq_shards=1, interpret=interpret)
+    leaves, tree = jax.tree_util.tree_flatten(kernel)
+    return tree, tuple(np.asarray(leaf) for leaf in leaves)
+
+
+def _splash(q, k, v, is_causal, scale):
+    """Splash attention (JAX's block-sparse Pallas kernel: a causal mask's empty blocks are
+    skipped), the batch by ``vmap``; the kernel does not scale, so the queries are scaled first."""
+    _, H, L, _ = q.shape
+    tree, leaves = _splash_kernel(H, L, k.shape[2], bool(is_causal), tpu_kernels_mode() == "interpret")
+    kernel = jax.tree_util.tree_unflatten(tree, [jnp.asarray(leaf) for leaf in leaves])
     return jax.vmap(kernel)(q * jnp.asarray(scale, q.dtype), k, v)
 
 

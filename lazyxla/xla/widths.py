@@ -153,10 +153,15 @@ def check_scalar(value: int) -> None:
 _WIDE_FLOATS = frozenset({"torch.float64", "torch.complex128"})
 
 
-def wide_float(dtype) -> bool:
-    """Whether ``dtype`` (torch's) is float64 or complex128: what a device without native float64
-    keeps as pairs of float32s (``FLOAT64_NATIVE``)."""
-    return str(dtype) in _WIDE_FLOATS
+def emulated_widths(dtypes) -> frozenset:
+    """Where float64 is emulated, which of ``"float64"`` (float64, complex128) and ``"float32"`` a
+    call's values (their torch dtypes) hold; empty where float64 is native (the lowering
+    registry's ``NATIVE_FLOAT64`` rules read it)."""
+    if float64_native():
+        return frozenset()
+    names = {str(d) for d in dtypes}
+    return frozenset(w for w, held in (("float64", not names.isdisjoint(_WIDE_FLOATS)),
+                                       ("float32", "torch.float32" in names)) if held)
 
 
 def traced_narrow(metas, io=()) -> bool:
