@@ -25,7 +25,6 @@ import ctypes
 import ctypes.util
 import gc
 import sys
-import threading
 
 import jax
 
@@ -236,16 +235,13 @@ def _give_back_freed_memory():
     the program's buffers reuse those pages instead of adding to them: ResNet-18's training
     step peaked at 1225 MB resident, 1104 MB with the trim (a full cycle collection after it
     found nothing more to free and cost 50-130 ms). That is XLA:CPU, whose buffers are this
-    heap's: the trim runs before the program's first run. An accelerator's buffers are its
-    own memory, and trimming the host's heap after XLA's TPU compile of GPT-2 124M took 1.37 s
-    of its first step (a v5e's host, 2026-12-07): there it runs on a thread of its own, beside
-    the step (``malloc_trim`` is a C call: ctypes lets go of the GIL)."""
-    if _TRIM is None:
-        return
-    if jax_device().platform == "cpu":
+    heap's: the trim runs there before the program's first run. An accelerator's buffers are
+    its own memory, and there is no trim: after XLA's TPU compile of GPT-2 124M it took 1.37 s
+    of the first step (a v5e's host), and run on a thread beside the steps it held glibc's heap
+    lock while they allocated (the first five steps of ``bench/tpu.py`` took 141.5 ms each
+    against a steady 74.5, 2026-12-07)."""
+    if _TRIM is not None and jax_device().platform == "cpu":
         _TRIM(0)
-    else:
-        threading.Thread(target=_TRIM, args=(0,), name="lazyxla-malloc-trim", daemon=True).start()
 
 
 @contextlib.contextmanager
