@@ -20,7 +20,7 @@ either: a v5e compiled the float32 test's program in emulated float64 for 81 s, 
 bessel_y1, airy_ai, erfcx, digamma, trigamma, log_ndtr, zeta and spherical_bessel_j0 came out
 wrong (2026-12-07; its float64 Bessel J0 gave nan on 17 of 20 inputs). So there every float32
 and float64 call of a function here but ``entr`` runs on the CPU, with eager's values, counted
-as ``aten::<op>`` (``native_float64="float32"``: ``registry.NATIVE_FLOAT64``); half-type calls,
+as ``aten::<op>`` (``_in_float64``: ``registry.NATIVE_FLOAT64``); half-type calls,
 computed in float32, stay on the device. Where PyTorch's value
 depends on a rounding in the input dtype (the phase ``x - pi/4`` of the Bessel asymptotics,
 ``x * x`` in ``erfcx``, the polynomials, which PyTorch evaluates in the input dtype), that
@@ -39,6 +39,10 @@ import jax.scipy.special as jss
 from ..xla import precision, widths
 from ..xla.client import jnp_dtype
 from .registry import register
+
+# every lowering here but entr's computes float32 in float64 (``_work``): where float64 is
+# emulated, its float32 and float64 calls run on the CPU (the module's docstring)
+_in_float64 = functools.partial(register, native_float64="float32")
 
 _EULER = 0.57721566490153286061
 _HALF = (jnp.float16, jnp.bfloat16)
@@ -79,13 +83,12 @@ def _nan_at_inf(f):
     return lambda x: jnp.where(jnp.isinf(x), jnp.nan, f(x))
 
 
-register("i0.default", "special_modified_bessel_i0.default", native_float64="float32")(_unary(_nan_at_inf(jss.i0)))
-register("special_i1.default", "special_modified_bessel_i1.default",
-         native_float64="float32")(_unary(_nan_at_inf(jss.i1)))
-register("special_i0e.default", native_float64="float32")(_unary(jss.i0e))
-register("special_i1e.default", native_float64="float32")(_unary(jss.i1e))
-register("special_ndtri.default", native_float64="float32")(_unary(jss.ndtri))
-register("special_log_ndtr.default", native_float64="float32")(_unary(jss.log_ndtr))
+_in_float64("i0.default", "special_modified_bessel_i0.default")(_unary(_nan_at_inf(jss.i0)))
+_in_float64("special_i1.default", "special_modified_bessel_i1.default")(_unary(_nan_at_inf(jss.i1)))
+_in_float64("special_i0e.default")(_unary(jss.i0e))
+_in_float64("special_i1e.default")(_unary(jss.i1e))
+_in_float64("special_ndtri.default")(_unary(jss.ndtri))
+_in_float64("special_log_ndtr.default")(_unary(jss.log_ndtr))
 
 
 @register("special_entr.default")
@@ -111,7 +114,7 @@ def _erfcx_pos(y):
     return jnp.where(y < 25.0, jss.erfcx(jnp.minimum(y, 25.0)), tail)
 
 
-@register("special_erfcx.default", native_float64="float32")
+@_in_float64("special_erfcx.default")
 def _erfcx(sig, x):
     dt = _out(sig)
     x = x.astype(dt)
@@ -246,13 +249,13 @@ def _y(which):
 
 # (a v5e's emulated float64 gave bessel_j0 nan on 17 of the float64 OpInfo row's 20 inputs: its
 # Miller recurrence in the pair's float32 exponent range)
-register("special_bessel_j0.default", native_float64="float32")(_unary(_j0, phase=True))
-register("special_bessel_j1.default", native_float64="float32")(_unary(_j1, phase=True))
-register("special_bessel_y0.default", native_float64="float32")(_unary(_y(2), phase=True))
-register("special_bessel_y1.default", native_float64="float32")(_unary(_y(3), phase=True))
+_in_float64("special_bessel_j0.default")(_unary(_j0, phase=True))
+_in_float64("special_bessel_j1.default")(_unary(_j1, phase=True))
+_in_float64("special_bessel_y0.default")(_unary(_y(2), phase=True))
+_in_float64("special_bessel_y1.default")(_unary(_y(3), phase=True))
 
 
-@register("special_spherical_bessel_j0.default", native_float64="float32")
+@_in_float64("special_spherical_bessel_j0.default")
 def _spherical_j0(sig, x):
     dt = _out(sig)
     w = x.astype(dt).astype(_work(dt))
@@ -309,10 +312,10 @@ def _k(nu, scaled):
     return f
 
 
-register("special_modified_bessel_k0.default", native_float64="float32")(_unary(_k(0, False)))
-register("special_modified_bessel_k1.default", native_float64="float32")(_unary(_k(1, False)))
-register("special_scaled_modified_bessel_k0.default", native_float64="float32")(_unary(_k(0, True)))
-register("special_scaled_modified_bessel_k1.default", native_float64="float32")(_unary(_k(1, True)))
+_in_float64("special_modified_bessel_k0.default")(_unary(_k(0, False)))
+_in_float64("special_modified_bessel_k1.default")(_unary(_k(1, False)))
+_in_float64("special_scaled_modified_bessel_k0.default")(_unary(_k(0, True)))
+_in_float64("special_scaled_modified_bessel_k1.default")(_unary(_k(1, True)))
 
 
 # ---------------------------------------------------------------------------------------
@@ -376,7 +379,7 @@ def _airy_taylor(x):
     return jax.lax.fori_loop(1, 32, step, st)[3]
 
 
-@register("special_airy_ai.default", native_float64="float32")
+@_in_float64("special_airy_ai.default")
 def _airy_ai(sig, x):
     dt = _out(sig)
     xin = x.astype(dt)
@@ -504,7 +507,7 @@ def zeta(x, q):
     return jnp.where(x == 1, jnp.inf, r)
 
 
-@register("special_zeta.default", "special_zeta.self_scalar", "special_zeta.other_scalar", native_float64="float32")
+@_in_float64("special_zeta.default", "special_zeta.self_scalar", "special_zeta.other_scalar")
 def _zeta(sig, x, q):
     dt = _out(sig)
     w = _work(dt)
@@ -516,13 +519,13 @@ def _digamma_of(x, dt):
     return digamma(x.astype(jnp.float32 if dt in _HALF else dt))
 
 
-@register("digamma.default", native_float64="float32")
+@_in_float64("digamma.default")
 def _digamma(sig, x):
     dt = _out(sig)
     return _digamma_of(x.astype(dt), dt)
 
 
-@register("polygamma.default", "special_polygamma.default", native_float64="float32")
+@_in_float64("polygamma.default", "special_polygamma.default")
 def _polygamma(sig, n, x):
     dt = _out(sig)
     x = x.astype(dt)
@@ -626,12 +629,12 @@ def _igamma_any(sig, a, x, upper):
     return _igamma_edges(a, x, r, upper)
 
 
-@register("igamma.default", "special_gammainc.default", native_float64="float32")
+@_in_float64("igamma.default", "special_gammainc.default")
 def _igamma(sig, a, x):
     return _igamma_any(sig, a, x, False)
 
 
-@register("igammac.default", "special_gammaincc.default", native_float64="float32")
+@_in_float64("igammac.default", "special_gammaincc.default")
 def _igammac(sig, a, x):
     return _igamma_any(sig, a, x, True)
 
@@ -775,5 +778,4 @@ for _name, _f in {"chebyshev_polynomial_t": _cheb_t, "chebyshev_polynomial_u": _
                   "shifted_chebyshev_polynomial_w": _shifted(_cheb_w),
                   "hermite_polynomial_h": _hermite_h, "hermite_polynomial_he": _hermite_he,
                   "laguerre_polynomial_l": _laguerre_l, "legendre_polynomial_p": _legendre_p}.items():
-    register(f"special_{_name}.default", f"special_{_name}.x_scalar", f"special_{_name}.n_scalar",
-             native_float64="float32")(_polynomial(_f))
+    _in_float64(f"special_{_name}.default", f"special_{_name}.x_scalar", f"special_{_name}.n_scalar")(_polynomial(_f))
