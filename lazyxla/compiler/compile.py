@@ -237,9 +237,9 @@ def _give_back_freed_memory():
     found nothing more to free and cost 50-130 ms). That is XLA:CPU, whose buffers are this
     heap's: the trim runs there before the program's first run. An accelerator's buffers are
     its own memory, and there is no trim: after XLA's TPU compile of GPT-2 124M it took 1.37 s
-    of the first step (a v5e's host), and run on a thread beside the steps it held glibc's heap
-    lock while they allocated (the first five steps of ``bench/tpu.py`` took 141.5 ms each
-    against a steady 74.5, 2026-12-07)."""
+    of the first step (a v5e's host), and run on a thread beside the steps (``malloc_trim``
+    holds the heap's lock) the first five steps of ``bench/tpu.py`` took 141.5 ms each; without
+    it the first ten 89.6 ms, the next ten 70.4 (2026-12-07)."""
     if _TRIM is not None and jax_device().platform == "cpu":
         _TRIM(0)
 
