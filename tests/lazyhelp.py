@@ -16,19 +16,17 @@ def in_a_child(what: str):
 
 
 def on_the_cpu_here(float64=False, float32=False) -> set:
-    """``aten::<op>`` of the ops this device runs on the CPU by rule: those whose lowering does
-    not compile on its platform (``registry.PLATFORMS``: a TPU's ``linalg.eig``), and, where
-    float64 is emulated, ``registry.NATIVE_FLOAT64``'s for calls of the widths asked
-    (``float64``: a TPU's eigh; ``float32``: its special functions, computed in float64)."""
+    """The fallback counters (``aten::<op>``) of the ops this device runs on the CPU by rule, as
+    the registry's ``get`` rules them out: those whose lowering does not compile on its platform
+    (``registry.PLATFORMS``: a TPU's ``linalg.eig``), and, where float64 is emulated,
+    ``registry.NATIVE_FLOAT64``'s for calls of the widths asked (``float64``: a TPU's eigh;
+    ``float32``: its special functions, computed in float64)."""
     import jax
-    from lazyxla.lowering.registry import NATIVE_FLOAT64, PLATFORMS
+    from lazyxla.lowering.registry import LOWERINGS, get
     from lazyxla.xla import widths
     platform = jax.local_devices()[0].platform
-    ops = [op for op, where in PLATFORMS.items() if platform not in where]
-    if not widths.float64_native():
-        asked = {w for w, on in (("float64", float64), ("float32", float32)) if on}
-        ops += [op for op, held in NATIVE_FLOAT64.items() if not asked.isdisjoint(held)]
-    return {op.name() for op in ops}
+    asked = widths.emulated_widths([torch.float64] * float64 + [torch.float32] * float32)
+    return {op._schema.name for op in LOWERINGS if get(op, platform, emulated_float64=asked) is None}
 
 
 def needs_wide_int64(dt=torch.int64):

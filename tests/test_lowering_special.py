@@ -44,8 +44,7 @@ def run(cases, hosts, exact=False, tol=None):
         devs = [h.to(DEV) for h in hosts]
         call = lambda fn, ts: fn(*ts)  # noqa: E731
     dtypes = {h.dtype for h in (hosts.values() if isinstance(hosts, dict) else hosts)}
-    here = {f"aten::{n.split('::')[-1].split('.')[0]}"
-            for n in on_the_cpu_here(float64=torch.float64 in dtypes, float32=torch.float32 in dtypes)}
+    here = on_the_cpu_here(float64=torch.float64 in dtypes, float32=torch.float32 in dtypes)
     before = _fallbacks()
     lazy = {name: call(fn, devs) for name, fn in cases.items()}
     lazyxla.sync()
