@@ -264,7 +264,7 @@ def test_eig_runs_on_the_cpu_where_it_does_not_compile():
     while eigh stays lowered. In float64, which a TPU emulates, eigh gave NaN eigenvectors: a
     float64 eigh runs on the CPU there (``registry.NATIVE_FLOAT64``), and so does hash_tensor of a
     float64 input (its emulated bits are not IEEE's), float64 LU (solve: a TPU factors float32
-    only) and Bessel J0, each counted as itself, and lstsq's default driver, gelsy (a TPU has no
+    only), Bessel J0 and float64 powers (float_power's), each counted as itself, and lstsq's default driver, gelsy (a TPU has no
     pivoted QR); so do float32 calls of the ops that compute float32 in float64 (the special
     functions, logcumsumexp). The platform is simulated in a process of its own."""
     code = textwrap.dedent("""
@@ -289,6 +289,9 @@ def test_eig_runs_on_the_cpu_where_it_does_not_compile():
         wide = [torch.equal(torch.linalg.solve(spd64.to(d), x.double().to(d)).cpu(), torch.linalg.solve(spd64, x.double())),
                 torch.equal(torch.special.bessel_j0(x.double().to(d)).cpu(), torch.special.bessel_j0(x.double())),
                 met.counter_value("aten::_linalg_solve_ex"), met.counter_value("aten::special_bessel_j0")]
+        base, power = torch.tensor([-0.0, -float("inf"), 2.5]), torch.tensor([-1.0, 0.5, 2.0])
+        wide += [torch.equal(torch.float_power(base.to(d), power.to(d)).cpu(), torch.float_power(base, power)),
+                 met.counter_value("aten::pow"), torch.equal((x.to(d) ** 2).cpu(), x ** 2), met.counter_value("aten::pow")]
         narrow = [torch.equal(torch.special.digamma(x.to(d)).cpu(), torch.special.digamma(x)),
                   torch.equal(torch.logcumsumexp(x.to(d), 0).cpu(), torch.logcumsumexp(x, 0)),
                   met.counter_value("aten::digamma"), met.counter_value("aten::logcumsumexp")]
@@ -306,7 +309,9 @@ def test_eig_runs_on_the_cpu_where_it_does_not_compile():
     # float32 calls of the special functions and logcumsumexp, whose work is float64, on the CPU as
     # themselves, with eager's values; a bfloat16 call (its work float32) stays lowered
     assert narrow == [True, True, 1, 1, 1, True]
-    assert wide == [True, True, 1, 1]  # float64 LU (a TPU's is float32 only) and Bessel J0 on the CPU, as themselves
+    # float64 LU (a TPU's is float32 only), Bessel J0 and float_power's float64 power on the CPU, as
+    # themselves; a float32 power stays lowered
+    assert wide == [True, True, 1, 1, True, 1, True, 1]
     assert solved == [1, True]  # lstsq's gelsy (its default) on the CPU, gels lowered: a TPU has no pivoted QR
     assert hashes == 1 and hashed == [True, True]  # float64's hash on the CPU, float32's lowered
     assert eig == 1 and not eigh and eigh64 == 1

@@ -18,6 +18,7 @@ import torch
 
 import lazyxla
 import lazyxla.debug.metrics as met
+from conftest import ON_CPU
 from lazyhelp import cnt, on_the_cpu_here
 from lazyxla.xla import widths
 
@@ -32,11 +33,12 @@ def _fallbacks():
     return {n: cnt(n) for n in met.counter_names() if n.startswith("aten::")}
 
 
-def run(cases, hosts, exact=False, tol=None):
+def run(cases, hosts, exact=False, tol=None, float64=False):
     """cases: {name: fn(*tensors)} (or fn(dict) when ``hosts`` is a dict of tensors); all
     recorded lazily on the device, one sync, each result compared with the op run eagerly on
     the CPU (``exact``: bit for bit; ``tol``: {name: (rtol, atol)}). No op may fall back to
-    the CPU but those this device runs there by rule for these dtypes."""
+    the CPU but those this device runs there by rule for these dtypes (``float64``: the cases
+    compute in float64 whatever their inputs)."""
     if isinstance(hosts, dict):  # cases take the dict of tensors
         devs = {k: h.to(DEV) for k, h in hosts.items()}
         call = lambda fn, ts: fn(ts)  # noqa: E731
@@ -44,7 +46,7 @@ def run(cases, hosts, exact=False, tol=None):
         devs = [h.to(DEV) for h in hosts]
         call = lambda fn, ts: fn(*ts)  # noqa: E731
     dtypes = {h.dtype for h in (hosts.values() if isinstance(hosts, dict) else hosts)}
-    here = on_the_cpu_here(float64=torch.float64 in dtypes, float32=torch.float32 in dtypes)
+    here = on_the_cpu_here(float64=float64 or torch.float64 in dtypes, float32=torch.float32 in dtypes)
     before = _fallbacks()
     lazy = {name: call(fn, devs) for name, fn in cases.items()}
     lazyxla.sync()
@@ -179,13 +181,22 @@ def test_elementwise_float(dtype):
         "frac": lambda a, b: torch.frac(a), "nan_to_num": lambda a, b: torch.nan_to_num(a),
         "nan_to_num args": lambda a, b: torch.nan_to_num(a, nan=2.0, posinf=5.0), "xlogy": torch.xlogy,
         "entr": lambda a, b: S.entr(a), "heaviside": torch.heaviside,
-        "float_power": torch.float_power,
     } | {f"round {d}": (lambda d: lambda a, b: torch.round(a * 123.4567, decimals=d))(d) for d in (2, -1, 0)}
     if dtype in (torch.float32, torch.float64):
         cases |= {"nextafter": torch.nextafter}
     if dtype != torch.bfloat16:
         cases |= {"frexp": lambda a, b: torch.frexp(a)}
-    run(cases, [f, g], exact=True)
+    # An accelerator's float32 division and logarithm are not correctly rounded (on a v5e: round's
+    # x * 100 / 100 and xlogy's log one float32 step off, a bfloat16 product before a round one
+    # bfloat16 step off): there these are within the dtype's tolerance, bit for bit on XLA:CPU
+    rounded = set() if ON_CPU else {"xlogy", "entr", "round 2", "round -1", "round 0"}
+    run({k: fn for k, fn in cases.items() if k not in rounded}, [f, g], exact=True)
+    if rounded:
+        run({k: cases[k] for k in rounded}, [f, g])
+    # float64 whatever its inputs; where float64 is emulated (a TPU: two float32s) a zero's sign
+    # does not survive it (the pair -0. + 0. reads back as 0.), so (-0.) ** -1 is inf there
+    base = f if widths.float64_native() else torch.where(f == 0, 0.0, f).to(dtype)
+    run({"float_power": torch.float_power}, [base, g], exact=True, float64=True)
     # logit's last step is a log, whose last bit PyTorch's vectorized CPU kernel rounds by the
     # machine's instruction set (AVX2 and AVX-512 differ): one step of the dtype either way
     logits = {"logit": lambda a, b: torch.logit(a.abs() / 4), "logit eps": lambda a, b: torch.logit(a.abs() / 4, eps=0.1)}
@@ -279,7 +290,8 @@ HALF_KNOWN = {
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_unary_rounds_like_eager(dtype):
     """~1000 values per op across its domain (and every value listed above): the device's
-    result equals eager CPU's bit for bit, but for the listed one-step midpoint cases."""
+    result equals eager CPU's bit for bit, but for the listed one-step midpoint cases (on an
+    accelerator: within one step of eager's everywhere)."""
     xs = {}
     for name, (lo, hi) in HALF_OPS.items():
         x = torch.linspace(lo, hi, 1000, dtype=torch.float32).to(dtype)
@@ -299,7 +311,10 @@ def test_half_unary_rounds_like_eager(dtype):
             if differ.any() and int(steps[differ].max()) > 5:
                 failures.append(f"erf: {int(steps[differ].max())} steps")
             continue
-        off = {float(v) for v in x[differ]} - HALF_KNOWN.get((dtype, name), set())
+        # an accelerator's float32 transcendentals are a few float32 steps from correctly rounded
+        # (a v5e's exp, log, tanh, asinh, atanh, log1p ...): its half results are one step
+        # from eager's wherever the float32 value lies near a midpoint, not only at these
+        off = {float(v) for v in x[differ]} - HALF_KNOWN.get((dtype, name), set()) if ON_CPU else set()
         if off or (differ.any() and int(steps[differ].max()) > 1):
-            failures.append(f"{name}: differs at {sorted(off)[:6]}")
+            failures.append(f"{name}: differs at {sorted(off)[:6]}, up to {int(steps[differ].max())} steps")
     assert not failures, "\n".join(failures)

@@ -230,22 +230,34 @@ def _floordiv(sig, a, b):
     return _rounded_div(a, b, "floor", _cd(sig))
 
 
+def _by_infinity(a, b):
+    """Where a finite value is divided by an infinity: C's fmod gives the value itself. XLA's
+    remainder on a TPU gives nan there (XLA:CPU gives the value), so the lowerings say it."""
+    return jnp.isinf(b) & jnp.isfinite(a)
+
+
 @register("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor")
 def _remainder(sig, a, b):
     dt = _cd(sig)
     a, b = _c(a, dt), _c(b, dt)
     if jnp.issubdtype(dt, jnp.integer):
         return a - jnp.floor_divide(a, b) * b
-    return jnp.remainder(_c(a, _math(dt)), _c(b, _math(dt)))
+    a, b = _c(a, _math(dt)), _c(b, _math(dt))
+    # by an infinity, the value where it is zero or of the divisor's sign, else the divisor
+    same = (a == 0) | (jnp.signbit(a) == jnp.signbit(b))
+    return jnp.where(_by_infinity(a, b), jnp.where(same, a, b), jnp.remainder(a, b))
 
 
 @register("fmod.Tensor", "fmod.Scalar")
 def _fmod(sig, a, b):
     dt = _cd(sig)
-    return jnp.fmod(_c(a, dt), _c(b, dt))
+    a, b = _c(a, dt), _c(b, dt)
+    return jnp.where(_by_infinity(a, b), a, jnp.fmod(a, b))
 
 
-@register("pow.Tensor_Tensor", "pow.Scalar")
+# Float64 powers run on the CPU where float64 is emulated: a v5e's emulated float64 power gave
+# (-0.) ** -1 = inf, (-inf) ** 0.5 = nan and 2.5 ** 2 = 6.2500000000000355 (float_power's float64).
+@register("pow.Tensor_Tensor", "pow.Scalar", native_float64=True)
 def _pow(sig, a, b):
     dt = _cd(sig)
     if jnp.issubdtype(dt, jnp.integer):
@@ -266,7 +278,7 @@ _POW_BY = {
 }
 
 
-@register("pow.Tensor_Scalar", static=("exponent",))
+@register("pow.Tensor_Scalar", static=("exponent",), native_float64=True)
 def _pow_scalar(sig, a, b):
     dt = _cd(sig)
     if jnp.issubdtype(dt, jnp.integer):
