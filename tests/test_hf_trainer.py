@@ -50,13 +50,12 @@ def same(got, want, rtol):
 
 @pytest.fixture(scope="module")
 def trainer_runs(tmp_path_factory):
-    """The Trainer script eager and on lazyxla, then each resumed from its checkpoint at step 6."""
+    """The Trainer script eager and on lazyxla, then lazyxla's resumed from its checkpoint at step
+    6 (compared with eager's uninterrupted run: a resumed run's steps are the run's own)."""
     d = tmp_path_factory.mktemp("trainer")
     runs = {"eager": eager(TRAINER, str(d / "eager"))}
     runs["lazy"], runs["lazy_process"] = lazy(TRAINER, str(d / "lazy"))
-    for name in ("eager", "lazy"):
-        shutil.copytree(d / name / "checkpoint-6", d / f"{name}-resumed" / "checkpoint-6")
-    runs["eager_resumed"] = eager(TRAINER, str(d / "eager-resumed"), RESUME=d / "eager-resumed" / "checkpoint-6")
+    shutil.copytree(d / "lazy" / "checkpoint-6", d / "lazy-resumed" / "checkpoint-6")
     runs["lazy_resumed"], _ = lazy(TRAINER, str(d / "lazy-resumed"), RESUME=d / "lazy-resumed" / "checkpoint-6")
     runs["dir"] = d
     return runs
@@ -87,10 +86,9 @@ def test_the_trainer_logs_shows_its_progress_and_writes_checkpoints(trainer_runs
 
 
 def test_the_trainer_resumes_where_eager_resumes(trainer_runs):
-    e, lz = trainer_runs["eager_resumed"], trainer_runs["lazy_resumed"]
+    lz = trainer_runs["lazy_resumed"]
     after = {k: v for k, v in lz["losses"].items() if int(k) > 6}
     assert len(after) == 6
-    same(after, {k: v for k, v in e["losses"].items() if int(k) > 6}, 1e-4)
     same(after, {k: v for k, v in trainer_runs["eager"]["losses"].items() if int(k) > 6}, 1e-4)
     assert lz["compiles"][1:] == [lz["compiles"][1]] * 5, lz["compiles"]
 
@@ -100,7 +98,6 @@ def accelerate_runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("accelerate")
     runs = {"eager": eager(ACCELERATE, str(d / "eager"))}
     runs["lazy"], _ = lazy(ACCELERATE, str(d / "lazy"))
-    runs["eager_resumed"] = eager(ACCELERATE, str(d / "eager"), RESUME=d / "eager" / "state-6")
     runs["lazy_resumed"], _ = lazy(ACCELERATE, str(d / "lazy"), RESUME=d / "lazy" / "state-6")
     runs["dir"] = d
     return runs
@@ -115,7 +112,6 @@ def test_an_accelerate_loop_trains_evaluates_and_resumes_like_eager(accelerate_r
     assert c[6:] == [c[6]] * 6, c
     state = accelerate_runs["dir"] / "lazy" / "state-6"
     assert (state / "model.safetensors").stat().st_size > 0 and (state / "optimizer.bin").stat().st_size > 0
-    same(accelerate_runs["lazy_resumed"]["losses"], accelerate_runs["eager_resumed"]["losses"], 1e-4)
     same(accelerate_runs["lazy_resumed"]["losses"], {k: v for k, v in e["losses"].items() if int(k) > 6}, 1e-4)
 
 

@@ -370,7 +370,6 @@ def test_a_rolled_program_is_kept_by_the_persistent_cache(tmp_path, opt):
     env = dict(XLA_PERSISTENT_CACHE_PATH=str(tmp_path / "cache"), LAZYXLA_ROLL_LAYERS="1", LAZYXLA_ROLL_MIN="4",
                LAZYXLA_ROLL_MIN_WORK="0", LAZYXLA_CACHE_HMAC_KEY_FILE=str(tmp_path / "key"))
     (l1, rolled1, hit1, stacked1, t1), (l2, rolled2, hit2, _, _) = json_runs(script, times=2, **env)
-    unrolled, = json_runs(script, LAZYXLA_ROLL_LAYERS="0")
     # rows of stacks: AdamW's every role of alike layers (rolled); SGD's roles of 8 or more
     # (param_stacks.SGD_MIN_ROWS): the 12 biases of the norms and the linears
     assert stacked1 == (24 if opt.startswith("AdamW") else 12), stacked1
@@ -378,8 +377,7 @@ def test_a_rolled_program_is_kept_by_the_persistent_cache(tmp_path, opt):
     # and the compile's time holds its parts, the roll the cache lookup asked for among them
     assert t1["CompileTime"] >= sum(v for k, v in t1.items() if k != "CompileTime") > 3e8, t1
     assert hit2 >= 1  # the second process runs the stored rolled program (its workspace given back)
-    assert l1 == l2
-    assert l1 == pytest.approx(unrolled[0], rel=1e-5)
+    assert l1 == l2  # (a rolled model's losses are the unrolled one's: the tests above)
 
 
 def test_rows_of_loop_stacks_are_stacked_in_any_order_as_eager_stacks_them():
