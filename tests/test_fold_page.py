@@ -154,8 +154,13 @@ def test_explain_cli_exit_code_and_missing_script(run_dir, capsys):
     with open(script, "w") as f:
         f.write("import sys\nprint('bye', sys.argv[1:])\nsys.exit(3)\n")
     out = os.path.join(run_dir, "exits.html")
+    import torch
+    import lazyxla
+    (torch.ones(3).to(lazyxla.device()) * 7).cpu()  # a compile of this process's, before the script
     assert cli.main(["explain", script, "x", "-o", out]) == 3
-    assert "bye ['x']" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "bye ['x']" in said.out
+    assert "(0 keys, 0 recompiles explained)" in said.err, said.err  # the page is the script's alone
     assert os.path.exists(out)
     assert cli.main(["explain", os.path.join(run_dir, "nope.py"), "-o", out]) == 2
     err = capsys.readouterr().err

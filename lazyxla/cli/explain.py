@@ -2,9 +2,9 @@
 write its fold page, or with ``--walk`` its code walk.
 
 The script runs in this process under runpy as ``__main__`` with ``sys.argv = [SCRIPT, *ARGS]``;
-whatever it compiled before it ended (or raised) goes on the page (``lazyxla.debug.explain``'s
-``export()``, rendered by ``lazyxla.debug.fold_page``), and the command exits with the script's
-exit code (1 for an uncaught exception, 130 for Ctrl-C). ``-o`` goes before SCRIPT, or last;
+whatever it compiled from its start until it ended (or raised) goes on the page
+(``lazyxla.debug.explain``'s ``export()``, rendered by ``lazyxla.debug.fold_page``), and the
+command exits with the script's exit code (1 for an uncaught exception, 130 for Ctrl-C). ``-o`` goes before SCRIPT, or last;
 the default page is ``fold.html``. A nonexistent script or page directory is a one-line error
 and exit code 2.
 
@@ -95,9 +95,10 @@ def run(args) -> int:
 
     if args.walk:
         return _walk(args.script, script_args, out, pick)
+    since = debug_explain.mark()  # the page is the script's (called in a process that compiled before)
     code = run_script(args.script, script_args)
     _flush()
-    data = debug_explain.export()
+    data = debug_explain.export(since)
     data["meta"] = {"script": args.script, "argv": script_args, "exit_code": code}
     if not _write(fold_page.write, out, data):
         return code or 2

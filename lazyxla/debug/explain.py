@@ -81,12 +81,21 @@ def clear():
     _SIZES.clear()
 
 
-def export() -> dict:
+def mark() -> tuple:
+    """Where the history stands now: ``export(since=mark())`` later holds only what came after."""
+    return len(_HISTORY), len(_LOG)
+
+
+def export(since=(0, 0)) -> dict:
     """Everything the fold page shows, as plain JSON-able data: every compiled key with its
     uses, compile cost and fold (each merge: site, summary, ingredient, digest; a tensor
-    merge also carries its IR as a node list with the user's lines), and the records."""
+    merge also carries its IR as a node list with the user's lines), and the records. With
+    ``since`` (a ``mark()``): the keys and records after it, and the earlier keys those records
+    were compared with (``lazyxla explain`` called in a process that compiled before it)."""
+    log = _LOG[since[1]:]
+    closest = {r.closest for r in log if r.closest}
     keys = []
-    for tr in _HISTORY:
+    for tr in [t for t in _HISTORY[:since[0]] if t.hex in closest] + _HISTORY[since[0]:]:
         uses, ns, cause = _USES.get(tr.hex, [0, 0, ""])
         steps = []
         for st in tr.steps:
@@ -96,7 +105,7 @@ def export() -> dict:
             steps.append(d)
         keys.append({"hash": tr.hex, "uses": uses, "compile_ms": ns / 1e6, "cause": cause, "steps": steps})
     recs = [{"index": r.index, "site": r.site, "sites": list(r.sites), "text": r.text, "hash": r.hash, "closest": r.closest,
-             "compile_ms": r.compile_ms, "where": list(r.where) if r.where else None} for r in _LOG]
+             "compile_ms": r.compile_ms, "where": list(r.where) if r.where else None} for r in log]
     return {"keys": keys, "records": recs, "sites": list(SITES)}
 
 
