@@ -107,7 +107,7 @@ def test_logcumsumexp_infinities_and_complex(dt):
     x = torch.tensor([[-inf, -inf, 1., inf, inf, nan, 2.], [inf, -inf, 1., 0.5, -2., 3., 0.]])
     z = torch.tensor([-inf + 1j, -inf + 2j, 1 + 2j, 3 - 1j, inf + 1j, inf + 2j, 1], dtype=torch.complex64)
     check(lambda x, z, r: (torch.logcumsumexp(x, 1), torch.logcumsumexp(z, 0), torch.logcumsumexp(r, 0)),
-          x, z, rand(5, 3, dtype=dt))
+          x, z, rand(5, 3, dtype=dt), allowed=on_the_cpu_here(float64=dt == torch.float64, float32=True))
 
 
 def test_hash_tensor():
