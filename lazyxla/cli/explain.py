@@ -4,8 +4,8 @@ write its fold page, or with ``--walk`` its code walk.
 The script runs in this process under runpy as ``__main__`` with ``sys.argv = [SCRIPT, *ARGS]``;
 whatever it compiled from its start until it ended (or raised) goes on the page
 (``lazyxla.debug.explain``'s ``export()``, rendered by ``lazyxla.debug.fold_page``), and the
-command exits with the script's exit code (1 for an uncaught exception, 130 for Ctrl-C). ``-o`` goes before SCRIPT, or last;
-the default page is ``fold.html``. A nonexistent script or page directory is a one-line error
+command exits with the script's exit code (1 for an uncaught exception, 130 for Ctrl-C). ``-o``
+goes before SCRIPT, or last; the default page is ``fold.html``. A nonexistent script or page directory is a one-line error
 and exit code 2.
 
 ``--walk`` records the run with ``lazyxla.debug.walk.Walker`` and writes the walk page

@@ -255,8 +255,9 @@ def _fmod(sig, a, b):
     return jnp.where(_by_infinity(a, b), a, jnp.fmod(a, b))
 
 
-# Float64 powers run on the CPU where float64 is emulated: a v5e's emulated float64 power gave
-# (-0.) ** -1 = inf, (-inf) ** 0.5 = nan and 2.5 ** 2 = 6.2500000000000355 (float_power's float64).
+# Float64 powers run on the CPU where float64 is emulated: a v5e's emulated float64 power gave nan
+# for a power of an infinity eager gives as inf, 2.5 ** 2 = 6.2500000000000355 and 3 ** 3 =
+# 27.000000000000078 (float_power's float64).
 @register("pow.Tensor_Tensor", "pow.Scalar", native_float64=True)
 def _pow(sig, a, b):
     dt = _cd(sig)
