@@ -176,15 +176,13 @@ def test_a_lowering_that_needs_int64_is_traced_at_64_bits(narrow):
 def test_the_width_is_the_platforms_unless_set():
     """XLA:CPU holds int64 in 64 bits; XLA_USE_32BIT_LONG=0 keeps them there too; a value that
     is neither is refused with what it takes."""
+    # in each process too: an int32 made from int64 wraps, as PyTorch's does (only int64 is checked)
     code = ("import json, torch, lazyxla; from lazyxla.xla import widths; "
-            "x = torch.tensor([2 ** 40]).to(lazyxla.device()); print(json.dumps([widths.long_bits(), (x * 4).item()]))")
+            "x = torch.tensor([2 ** 40]).to(lazyxla.device()); w = torch.tensor([2 ** 31 + 5, -3]); "
+            "print(json.dumps([widths.long_bits(), (x * 4).item(), w.to(lazyxla.device()).int().cpu().tolist(), "
+            "w.int().tolist()]))")
     for env in ({}, {"XLA_USE_32BIT_LONG": "0"}):
-        assert json_runs(code, **env)[0] == [64, 2 ** 42]
-    # an int32 made from int64 wraps, as PyTorch's does, at either width: only int64 is checked
-    wrap = ("import json, torch, lazyxla; x = torch.tensor([2 ** 31 + 5, -3]); "
-            "print(json.dumps([x.to(lazyxla.device()).int().cpu().tolist(), x.int().tolist()]))")
-    got, want = json_runs(wrap)[0]
-    assert got == want == [-(2 ** 31) + 5, -3]
+        assert json_runs(code, **env)[0] == [64, 2 ** 42, [-(2 ** 31) + 5, -3], [-(2 ** 31) + 5, -3]]
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, XLA_USE_32BIT_LONG="maybe"),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "XLA_USE_32BIT_LONG='maybe': 1 holds int64 in 32 bits" in r.stderr
