@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import lazyxla  # noqa: F401  (enables JAX 64-bit mode)
+from lazyxla.compiler.compile import options_for
 from lazyxla.lowering import LOWERINGS
 from lazyxla.xla import precision, widths
 from lazyxla.xla.client import jnp_dtype
@@ -77,11 +78,13 @@ def _jax_args(op, args, kwargs):
     return jargs, jkw
 
 
-def call_lowering(fn, sig, *args, **kwargs):
+def call_lowering(fn, sig, *args, op=None, **kwargs):
     """``fn(sig, *args, **kwargs)`` as the compiler calls a lowering: traced once into one
-    program (the arrays its arguments, the rest fixed) under the matmul precision's scope. Called
-    op by op outside that scope, a float32 product would compute at JAX's default (one bfloat16
-    pass on a TPU) and each JAX op would be a program of its own."""
+    program (the arrays its arguments, the rest fixed) under the matmul precision's scope, and
+    compiled with the XLA options the compiler gives a program of that one op (``op``, an ATen
+    overload; ``compiler.OPTION_RULES``). Called op by op outside that scope, a float32 product
+    would compute at JAX's default (one bfloat16 pass on a TPU) and each JAX op would be a
+    program of its own."""
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
     where = [isinstance(x, jax.Array) for x in leaves]
 
@@ -90,8 +93,10 @@ def call_lowering(fn, sig, *args, **kwargs):
         a, kw = jax.tree_util.tree_unflatten(tree, [next(it) if w else x for x, w in zip(leaves, where)])
         return fn(sig, *a, **kw)
 
+    arrays = [x for x, w in zip(leaves, where) if w]
+    held = {op._schema.name} if op is not None else set()
     with precision.scope():
-        return jax.jit(traced)(*[x for x, w in zip(leaves, where) if w])
+        return jax.jit(traced).lower(*arrays).compile(options_for(held, False, 1) or None)(*arrays)
 
 
 def run_lowering(op, *args, **kwargs):
@@ -113,7 +118,7 @@ def run_lowering(op, *args, **kwargs):
         return tuple(jnp.asarray(r).astype(jnp_dtype(m.dtype)) for r, m in zip(res, metas))
 
     out = []
-    for r, m in zip(call_lowering(cast, sig, *jargs, **jkw), metas):
+    for r, m in zip(call_lowering(cast, sig, *jargs, op=op, **jkw), metas):
         assert tuple(r.shape) == tuple(m.shape), (r.shape, m.shape)
         out.append(_to_torch(r, m.dtype))
     return out
@@ -214,7 +219,7 @@ def test_convolution_backward_masked_slots_are_zeros():
     sig = types.SimpleNamespace(outs=outs, cdtype=torch.float32)
     res = call_lowering(
         LOWERINGS[aten.convolution_backward.default], sig, _to_jax(gy), _to_jax(x), _to_jax(w), [3],
-        [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [False, True, False])
+        [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [False, True, False], op=aten.convolution_backward.default)
     assert [tuple(r.shape) for r in res] == [(1, 2, 5, 5), (3, 2, 3, 3), (3,)]
     assert float(jnp.abs(res[0]).max()) == 0.0 and float(jnp.abs(res[2]).max()) == 0.0
     exp = aten.convolution_backward.default(gy, x, w, [3], [1, 1], [0, 0], [1, 1], False, [0, 0], 1,

@@ -1,7 +1,7 @@
-"""XLA options chosen by what a program holds (``compiler.OPTION_RULES``): a convolution
-network's program compiles with XLA:CPU's loop emitters, every XLA:CPU program without a loop at
-LLVM's O1,
-and a user's ``XLA_FLAGS`` setting the option wins. Values are eager's either way."""
+"""XLA options chosen by what a program holds (``compiler.OPTION_RULES``): on XLA:CPU a
+convolution network's program and every small program compile with the loop emitters, every
+program without a loop at LLVM's O1, and a user's ``XLA_FLAGS`` setting the option wins. Values
+are eager's either way."""
 import os
 import subprocess
 import sys
@@ -34,10 +34,13 @@ def passed(monkeypatch):
 
 
 def _step(model, x, dev):
+    """A forward and backward: one program on the lazy device."""
     torch.manual_seed(0)
     m = model().to(dev)
     loss = m(x.to(dev)).square().mean()
     loss.backward()
+    if dev == DEV:
+        lazyxla.sync()
     return loss.item(), [p.grad.cpu() for p in m.parameters()]
 
 
@@ -49,17 +52,41 @@ def _mlp():
     return nn.Sequential(nn.Linear(7, 9), nn.ReLU(), nn.Linear(9, 2))
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the rule is XLA:CPU's")
-def test_a_convolution_program_compiles_with_the_loop_emitters_and_every_program_at_o1(passed):
+def _deep_mlp():
+    return nn.Sequential(*[m for _ in range(24) for m in (nn.Linear(9, 9), nn.Tanh())], nn.Linear(9, 2))
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the rules are XLA:CPU's")
+def test_convolutions_and_small_programs_compile_with_the_loop_emitters_and_every_program_at_o1(passed):
     x = torch.randn(2, 3, 6, 7)
     got, want = _step(_convnet, x, DEV), _step(_convnet, x, "cpu")
     assert passed and all(o == OFF for o in passed)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     passed.clear()
-    x = torch.randn(4, 7)
-    got, want = _step(_mlp, x, DEV), _step(_mlp, x, "cpu")
-    assert passed and all(o == O1 for o in passed)
+    x = torch.randn(4, 9)
+    got, want = _step(_mlp, x[:, :7], DEV), _step(_mlp, x[:, :7], "cpu")   # a step of ~30 op nodes
+    assert len(passed) == 1 and passed[0] == OFF, passed
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    passed.clear()
+    got, want = _step(_deep_mlp, x, DEV), _step(_deep_mlp, x, "cpu")      # over 200 op nodes
+    assert len(passed) == 1 and passed[0] == O1, passed
+    assert lazyxla.metrics.metric_data("TensorsGraphSize")[2][-1][1] > 200
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_rules_by_what_a_program_holds_and_its_size():
+    """The table read for a program of the rules' edges (the platform this process's)."""
+    from lazyxla.compiler.compile import options_for
+    conv, big, small = {"aten::convolution", "aten::add"}, 201, 200
+    if jax.default_backend() != "cpu":
+        assert options_for(conv, False, small) == {}
+        return
+    assert options_for({"aten::add"}, False, big) == O1
+    assert options_for({"aten::add"}, False, small) == OFF
+    assert options_for({"aten::add"}, True, small) == {"xla_cpu_use_fusion_emitters": False}
+    assert options_for({"aten::add"}, True, big) == {}
+    assert options_for(conv, True, big) == {"xla_cpu_use_fusion_emitters": False}
+    assert options_for(conv, False, big) == OFF
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the rule is XLA:CPU's")

@@ -39,13 +39,15 @@ from ..xla.client import compile_environment, jax_device, jnp_dtype, process_mes
 
 WRAP_THRESHOLD = env_int("XLA_PARAMETER_WRAPPING_THREADSHOLD", 3200)
 
-# XLA options a program compiles with: each rule whose platform is the device's and whose ops
-# the graph holds (``None``: any program without a loop, rolled or scanned) adds its options,
-# unless ``XLA_FLAGS`` sets them (the user's choice, and part of the compile environment; the
-# options follow from the graph and the platform, so a graph hash names them too).
-# (ops, platform, options, what was measured)
+# XLA options a program compiles with: each rule whose platform is the device's and whose
+# ``when`` holds for the graph adds its options, unless ``XLA_FLAGS`` sets them (the user's
+# choice, and part of the compile environment; the options follow from the graph and the
+# platform, so a graph hash names them too). ``when``: "no loop" (a program without a loop,
+# rolled or scanned), ("holds", ops) (a program holding one of the ops) or ("at most", n) (a
+# program of at most n op nodes).
+# (when, platform, options, what was measured)
 OPTION_RULES = (
-    (None, "cpu", {"xla_backend_optimization_level": 1},
+    ("no loop", "cpu", {"xla_backend_optimization_level": 1},
      "LLVM at O1 instead of XLA's default for the kernels XLA:CPU emits itself (dots and "
      "convolutions are YNNPACK's and Eigen's either way). At the default, LLVM unrolls a small "
      "kernel's loops whole: a softmax kernel of 2x4x16x16 alone compiled in 0.3-0.5 s, 0.05 s at "
@@ -56,28 +58,50 @@ OPTION_RULES = (
      "digit. Not for a program with a loop: kernels a loop's body computes in place unroll whole "
      "at O1 too and compiled slower than at the default (a narrow GPT-2's two softmax kernels "
      "1.08 s against 0.67-0.75, its program recompiled standalone)."),
-    (("aten::convolution", "aten::convolution_backward"), "cpu", {"xla_cpu_use_fusion_emitters": False},
+    (("holds", ("aten::convolution", "aten::convolution_backward")), "cpu", {"xla_cpu_use_fusion_emitters": False},
      "XLA:CPU's MLIR fusion emitters spend 2-3x the memory of its older loop emitters on each "
      "kernel, and a convolution network's batch norms and patches are hundreds of kernels: "
      "ResNet-18's training step (bench/models.py) compiled in 3.3 s at a peak of 1030-1080 MB, "
      "2.5 s at 850 MB without them, its step as fast. Not for every program: a transformer's "
      "step compiles 25-35% slower without them (HF BERT 4x256: 1.2-1.4 -> 1.7 s)."),
+    (("at most", 200), "cpu", {"xla_cpu_use_fusion_emitters": False},
+     "A small program's kernels with the older loop emitters compile in 0.45-0.7x the time the "
+     "MLIR fusion emitters take (fixed costs per kernel), loop or not. 512 programs of the "
+     "test suite, each compiled both ways in one process: 405 of under 10 op nodes 0.24 -> 0.16 s "
+     "each, 100 of 10-300 nodes 1.1 -> 0.7 s (some rolled loops 2-4 s -> 0.7-0.9 s). Their run "
+     "time is the same (a 1024x1024 elementwise chain, softmax or layer norm 0.97-1.4 ms either "
+     "way; 64x64 ones 0.05-0.3 ms, a few hundredths of a ms slower). Not for a model's step: a "
+     "4-layer GPT-2 or BERT (bench/models.py) compiled 30% slower without them and stepped "
+     "5-20% slower; a 2-layer GPT-2 (240 nodes) within noise either way; a 1-layer one 512 wide "
+     "(138 nodes) 2.2 -> 2.0 s."),
 )
 
 
 def xla_options(graph) -> dict:
-    """The XLA options ``OPTION_RULES`` give this graph's program (an empty dict: XLA's own).
-    The platform and ``XLA_FLAGS`` are the compile environment's, read once, as XLA reads them."""
-    env = compile_environment()
-    rules = [(ops, options) for ops, on, options, _ in OPTION_RULES
-             if on == env["platform"] and not any(f"--{k}=" in env["XLA_FLAGS"] for k in options)]
-    if not rules:
-        return {}
+    """The XLA options ``OPTION_RULES`` give this graph's program (an empty dict: XLA's own)."""
     held = {n.sig.op for n in graph.post}
     loop = not held.isdisjoint(LOOP_OPS) or (graph.rolled is not None and
                                              any(type(n) is rolling.Loop for n in graph.rolled[0][0]))
-    return {k: v for ops, options in rules if (not loop if ops is None else not held.isdisjoint(ops))
-            for k, v in options.items()}
+    return options_for(held, loop, graph.n_ops)
+
+
+def options_for(held, loop: bool, n_ops: int) -> dict:
+    """The XLA options ``OPTION_RULES`` give a program of ``n_ops`` op nodes holding the ops
+    ``held`` (with a loop or not). The platform and ``XLA_FLAGS`` are the compile environment's,
+    read once, as XLA reads them."""
+    env = compile_environment()
+
+    def applies(when):
+        if when == "no loop":
+            return not loop
+        kind, arg = when
+        if kind == "holds":
+            return not held.isdisjoint(arg)
+        assert kind == "at most", when
+        return n_ops <= arg
+    return {k: v for when, on, options, _ in OPTION_RULES
+            if on == env["platform"] and not any(f"--{k}=" in env["XLA_FLAGS"] for k in options)
+            and applies(when) for k, v in options.items()}
 
 
 LOOP_OPS = ("lazyxla::scan", "lazyxla::scan_vjp")  # regions.scan's loops (rolled ones: rolling.Loop)
