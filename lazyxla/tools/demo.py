@@ -99,6 +99,7 @@ def run(epochs: int = 4, batch_size: int = 64, quiet: bool = False, fold_path: s
     from tqdm import tqdm
 
     t_start = time.perf_counter()
+    since = explain.mark()  # the page is this run's: a process that compiled before keeps its keys off it
     lazyxla.manual_seed(0)
     torch.manual_seed(0)
     dev = lazyxla.device()
@@ -164,7 +165,7 @@ def run(epochs: int = 4, batch_size: int = 64, quiet: bool = False, fold_path: s
               f"(+{compiles_after_first}).")
     print(f"total time {seconds:.1f} s")
     fold_path = fold_path or os.path.join(tempfile.gettempdir(), "lazyxla-demo-fold.html")
-    fold_page.write(fold_path, explain.export())
+    fold_page.write(fold_path, explain.export(since))
     print(f"fold page: {os.path.abspath(fold_path)}")
     return {
         "test_accuracy": accuracy,
