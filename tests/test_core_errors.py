@@ -252,3 +252,47 @@ def test_fallback_counter_visible_in_short_report():
     torch.testing.assert_close(r.cpu(), torch.unique(torch.tensor([1.0, 2.0, 2.0, 5.0])))
     assert met.counter_value("aten::_unique2") >= 1
     assert "Counter: aten::_unique2\n" in met.short_metrics_report()
+
+
+def test_a_lowering_that_cannot_trace_its_inputs_fails_at_the_op_naming_it(monkeypatch):
+    """A signature's lowering is traced on abstract inputs when it is first seen (in a JAX trace
+    kept open between checks, ``jax_internals.trace_abstractly``): one that cannot trace them
+    fails at the op, at the user's line; the trace it broke is replaced and the next op checks."""
+    from lazyxla.errors import LazyXlaError
+    from lazyxla.frontend import signature, tensor
+    real_get = signature.lowering.get
+
+    def broken(sig, a, b):
+        raise ValueError("no lowering for these shapes")
+    monkeypatch.setattr(signature.lowering, "get", lambda func, *a, **k:
+                        broken if func is torch.ops.aten.atan2.default else real_get(func, *a, **k))
+    monkeypatch.setattr(tensor, "_SIGS", {})  # every signature first seen again
+    x = torch.linspace(-1, 1, 6).reshape(2, 3)
+    t = x.to(lazyxla.device())
+    with pytest.raises(LazyXlaError, match=r"atan2\(.*\) is not supported by lazyxla: ValueError: no lowering "
+                                           r"for these shapes at .*test_core_errors\.py:\d+"):
+        torch.atan2(t, t + 1)
+    torch.testing.assert_close(torch.hypot(t, t * 2).cpu(), torch.hypot(x, x * 2))
+
+
+def test_the_abstract_check_falls_back_to_eval_shape_when_jax_internals_changed(monkeypatch):
+    import jax
+    from jax._src.interpreters import partial_eval as pe
+    from lazyxla.frontend import signature, tensor
+    from lazyxla.xla import jax_internals
+    with monkeypatch.context() as m:   # what a JAX without the trace lazyxla keeps open says
+        m.delattr(pe, "DynamicJaxprTrace")
+        m.setattr(jax_internals._ABSTRACT, "trace", None, raising=False)
+        with pytest.raises(jax_internals.JaxInternalsChanged, match="DynamicJaxprTrace"):
+            jax_internals.trace_abstractly(lambda v: v, [((2,), "float32")])
+
+    def changed(fn, shapes_dtypes):
+        raise jax_internals.JaxInternalsChanged("changed")
+    shaped = []
+    eval_shape = jax.eval_shape
+    monkeypatch.setattr(jax_internals, "trace_abstractly", changed)
+    monkeypatch.setattr(signature.jax, "eval_shape", lambda *a, **k: shaped.append(1) or eval_shape(*a, **k))
+    monkeypatch.setattr(tensor, "_SIGS", {})
+    x = torch.linspace(-1, 1, 6).reshape(2, 3)
+    torch.testing.assert_close(torch.atan2(x.to(DEV), x.to(DEV) + 2).cpu(), torch.atan2(x, x + 2))
+    assert shaped

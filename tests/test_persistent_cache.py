@@ -656,8 +656,8 @@ def test_first_sight_of_a_signature_skips_a_remembered_lowering_check(cdir, monk
     monkeypatch.setenv("XLA_PERSISTENT_CACHE_PATH", cdir)
     pc._reset_for_tests()
     traced = []
-    real = jax.eval_shape
-    monkeypatch.setattr(signature.jax, "eval_shape", lambda *a, **k: traced.append(1) or real(*a, **k))
+    real = signature._trace_lowering
+    monkeypatch.setattr(signature, "_trace_lowering", lambda *a, **k: traced.append(1) or real(*a, **k))
     import torch
     dev = lazyxla.device()
     t = torch.arange(6.0).reshape(2, 3).to(dev)

@@ -1,6 +1,6 @@
 """Every use of JAX's private internals, in one place.
 
-lazyxla needs five things JAX has no public API for:
+lazyxla needs six things JAX has no public API for:
 
 1. parameter wrapping (R11): making ``jax.jit`` tuple a program's parameters, which JAX
    decides in ``jax._src.dispatch.should_tuple_args`` (``tupled_parameters``);
@@ -13,7 +13,9 @@ lazyxla needs five things JAX has no public API for:
    key-value store, which processes are alive) and whether JAX's runtime already started
    (``backend_started``); and the HLO sharding text of a sharding (``hlo_sharding_text``);
 5. JAX's 32-bit defaults with explicit 64-bit dtypes kept, while a program is traced
-   (``explicit_x64_allowed``: ``jax_explicit_x64_dtypes`` as a scoped setting; ``widths``).
+   (``explicit_x64_allowed``: ``jax_explicit_x64_dtypes`` as a scoped setting; ``widths``);
+6. a function traced on abstract values in a trace kept open between calls
+   (``trace_abstractly``: what ``jax.eval_shape`` checks, without its set-up per call).
 
 Checked against ``CHECKED_JAX`` (the version pinned in pyproject.toml). When JAX changes
 underneath, each function raises ``JaxInternalsChanged`` naming this module and the
@@ -80,6 +82,38 @@ def explicit_x64_allowed():
         raise _changed("jax._src.config.explicit_x64_dtypes", e) from None
     with state(allow):
         yield
+
+
+_ABSTRACT = threading.local()
+ABSTRACT_CALLS_PER_TRACE = 256
+
+
+def trace_abstractly(fn, shapes_dtypes):
+    """``fn`` called on abstract arrays of ``shapes_dtypes`` ((shape, JAX dtype) pairs) in a JAX
+    trace that stays open between calls (one per thread, replaced every
+    ``ABSTRACT_CALLS_PER_TRACE`` calls and after a failure): what ``jax.eval_shape`` checks (a
+    function that cannot trace these shapes raises), without eval_shape's set-up of a jitted
+    function and a jaxpr on every call, 60-70% of each call's time."""
+    try:
+        from jax._src import core, source_info_util
+        from jax._src.interpreters import partial_eval as pe
+        st = _ABSTRACT.__dict__
+        trace = st.get("trace")
+        if trace is None or st["calls"] >= ABSTRACT_CALLS_PER_TRACE:
+            trace = st["trace"] = pe.DynamicJaxprTrace(None, parent_trace=core.trace_ctx.trace)
+            st["calls"] = 0
+        st["calls"] += 1
+        src = source_info_util.current()
+        args = [trace.new_arg(core.ShapedArray(shape, dtype), src) for shape, dtype in shapes_dtypes]
+        enter = core.set_current_trace(trace)
+    except (ImportError, AttributeError, TypeError) as e:
+        raise _changed("jax._src.interpreters.partial_eval.DynamicJaxprTrace", e) from None
+    try:
+        with enter:
+            return fn(*args)
+    except BaseException:
+        st["trace"] = None  # its frame may hold a half-traced call
+        raise
 
 
 def hlo_sharding_text(sharding, ndim: int) -> str:
