@@ -381,8 +381,8 @@ def _trace_lowering(sig, shapes_dtypes):
     (``jax_internals.trace_abstractly``; GPT-2 124M's first step's 167 checks took 0.23-0.28 s
     on this project's 2-core CPU, 0.30-0.49 s through ``jax.eval_shape``), or through
     ``jax.eval_shape`` where JAX's internals are not those lazyxla was checked against. (On a
-    TPU the attention's check is where the splash kernel's tables are first made: most of the
-    171 checks' 1.7-1.9 s on a v5e's host, 0.12 s without the kernels.)"""
+    TPU the attention's check is the splash kernel's first trace: most of the 171 checks'
+    1.7-1.9 s on a v5e's host, 0.12 s without the kernels.)"""
     fn = lambda *v: lowering.lower_call(sig, v)  # noqa: E731
     try:
         return jax_internals.trace_abstractly(fn, shapes_dtypes)
