@@ -93,23 +93,27 @@ def json_runs(script: str, times: int = 1, timeout: int = 300, **env) -> list:
     return out
 
 
+def json_here(script: str):
+    """The JSON value ``script`` prints last, run in this process (its own namespace)."""
+    import contextlib
+    import io
+    import json
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(script, "<script>", "exec"), {"__name__": "__main__"})  # noqa: S102 (the test's own script)
+    return json.loads(printed.getvalue().strip().splitlines()[-1])
+
+
 def json_here_and_in_a_process(script: str, timeout: int = 300) -> list:
     """The JSON value ``script`` prints last, run in this process and in a new one with another
     str-hash seed: what a key must not depend on. Where this process is not on XLA:CPU (a child
     runs there, beside a process on the device), in two new processes."""
-    import contextlib
-    import io
-    import json
     import os
     import jax
     if jax.default_backend() != "cpu":
         return json_runs(script, times=2, timeout=timeout)
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        exec(compile(script, "<script>", "exec"), {"__name__": "__main__"})  # noqa: S102 (the test's own script)
     seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
-    return [json.loads(printed.getvalue().strip().splitlines()[-1]),
-            json_runs(script, timeout=timeout, PYTHONHASHSEED=seed)[0]]
+    return [json_here(script), json_runs(script, timeout=timeout, PYTHONHASHSEED=seed)[0]]
 
 
 def train(make_opt, width, steps=3, dev=None):

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import lazyxla
-from lazyhelp import cnt
+from lazyhelp import cnt, json_here
 import lazyxla.debug.metrics as met
 
 DEV = lazyxla.device()
@@ -119,12 +119,8 @@ def test_graph_hash_identical_across_processes(tmp_path):
         # R1.5: XLA_NO_SPECIAL_SCALARS=1 makes every scalar device data.
         "no_special": _start(_NO_SPECIAL, XLA_NO_SPECIAL_SCALARS="1"),
     }
-    if here:
-        ns = {}
-        exec(compile(_PROGRAM.replace("print(json.dumps(", "RESULT = (("), "<program>", "exec"), ns)
-        here_result = ns["RESULT"]
     res = {k: _result(p) for k, p in procs.items()}
-    first = here_result if here else res["first"]
+    first = json_here(_PROGRAM) if here else res["first"]
     assert first == res["second"]
     assert re.fullmatch(r"[0-9a-f]{32}", first["y"])
     assert first["y"] != first["yz"]
